@@ -1,0 +1,14 @@
+// Q4_0 (ggml block_q4_0, 18 bytes): f16 d; u8 qs[16].
+// Element j = (qs[j] & 15) - 8, element j + 16 = (qs[j] >> 4) - 8, both times d.
+
+fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+    let b = row_byte + c * 18u;
+    let d = w_f16(b);
+    var o: array<vec4<f32>, 8>;
+    for (var k = 0u; k < 4u; k++) {
+        let q = w_u32(b + 2u + 4u * k);
+        o[k] = (lo4(q) - 8.0) * d;
+        o[k + 4u] = (hi4(q) - 8.0) * d;
+    }
+    return o;
+}

@@ -1,0 +1,39 @@
+// Attention output: o[d, h, t] = sum_j probs[j, t, h] * v[d, h / group, j], one invocation
+// per (d, token, head). Keys after the query's position have probability 0 and are skipped.
+//
+// probs: [n_kv, n_tokens, n_head]; v_cache: [n_ctx, head_dim * n_head_kv] (transposed)
+// out: [head_dim, n_head, n_tokens] f32
+
+struct Params {
+    head_dim: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    n_ctx: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> probs: array<f32>;
+@group(0) @binding(3) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+
+override WG: u32 = 64u;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let d = gid.x;
+    let t = gid.y;
+    let h = gid.z;
+    if (d >= p.head_dim || t >= step.n_tokens) {
+        return;
+    }
+    let hkv = h / (p.n_head / p.n_head_kv);
+    let pb = (h * step.n_tokens + t) * step.n_kv;
+    let vb = (hkv * p.head_dim + d) * p.n_ctx;
+    let n = min(step.pos + t + 1u, step.n_kv);
+    var s = 0.0;
+    for (var j = 0u; j < n; j++) {
+        s += probs[pb + j] * v_cache[vb + j];
+    }
+    out[(t * p.n_head + h) * p.head_dim + d] = s;
+}

@@ -1,0 +1,50 @@
+// Rotary position embedding, in place. Position of token t is step.pos + t.
+// mode 0 (normal, llama): rotates pairs (2i, 2i + 1); mode 2 (NeoX, Gemma): pairs
+// (i, i + n_rot / 2). Dimensions past n_rot are left as they are.
+// theta_i = pos * freq_scale * freq_base^(-2i / n_rot)
+//
+// x: [head_dim, n_heads, n_tokens] f32
+
+struct Params {
+    head_dim: u32,
+    n_heads: u32,
+    n_rot: u32,
+    mode: u32,
+    freq_base: f32,
+    freq_scale: f32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+
+override WG: u32 = 64u;
+
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let half_rot = p.n_rot / 2u;
+    let i = gid.x % half_rot;
+    let h = gid.x / half_rot;
+    let t = gid.y;
+    if (h >= p.n_heads || t >= step.n_tokens) {
+        return;
+    }
+    let pos = f32(step.pos + t);
+    let inv_freq = pow(p.freq_base, -f32(2u * i) / f32(p.n_rot));
+    let theta = pos * p.freq_scale * inv_freq;
+    let c = cos(theta);
+    let s = sin(theta);
+    let base = (t * p.n_heads + h) * p.head_dim;
+    var a = base + 2u * i;
+    var b = a + 1u;
+    if (p.mode == 2u) {
+        a = base + i;
+        b = a + half_rot;
+    }
+    let x0 = x[a];
+    let x1 = x[b];
+    x[a] = x0 * c - x1 * s;
+    x[b] = x0 * s + x1 * c;
+}

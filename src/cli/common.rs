@@ -1,0 +1,143 @@
+//! Options shared by the subcommands that load a model.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use clap::Args;
+use wgllm::gguf::GgufFile;
+use wgllm::gpu::{DeviceOptions, GpuContext};
+use wgllm::model::gpu_backend::GpuModel;
+use wgllm::model::Config;
+use wgllm::session::Session;
+use wgllm::tokenizer::Tokenizer;
+use wgllm::{Error, Result};
+
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Path to a GGUF model file.
+    #[arg(short = 'm', long = "model")]
+    pub model: PathBuf,
+    /// Context size in tokens (default: 4096, at most the model's trained context).
+    #[arg(short = 'c', long = "ctx-size")]
+    pub ctx: Option<u32>,
+    /// Batch size for prompt processing.
+    #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
+    pub batch: u32,
+    /// GPU adapter: index from `wgllm devices` or part of its name.
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 means greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 40)]
+    pub top_k: u32,
+    #[arg(long = "top-p", default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "repeat-penalty", default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long = "repeat-last-n", default_value_t = 64)]
+    pub repeat_last_n: usize,
+    /// Random seed (default: from the clock).
+    #[arg(short = 's', long = "seed")]
+    pub seed: Option<u64>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> wgllm::sampling::SamplingParams {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0)
+        });
+        wgllm::sampling::SamplingParams {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
+        }
+    }
+}
+
+/// A loaded model ready to run.
+pub struct Loaded {
+    pub session: Session,
+    pub tokenizer: Tokenizer,
+    pub config: Config,
+    pub load_ms: f64,
+    pub device: String,
+}
+
+pub fn open(path: &std::path::Path) -> Result<GgufFile> {
+    GgufFile::open(path)
+}
+
+/// Open the file, build the tokenizer and upload the model.
+pub fn load(args: &ModelArgs, progress: bool) -> Result<Loaded> {
+    let t0 = Instant::now();
+    let file = open(&args.model)?;
+    let config = Config::from_metadata(file.metadata())?;
+    let tokenizer = Tokenizer::from_gguf(file.metadata())?;
+    let n_ctx = match args.ctx {
+        Some(0) | None => config.n_ctx_train.min(4096),
+        Some(c) => {
+            if c > config.n_ctx_train {
+                eprintln!(
+                    "warning: context {c} is larger than the model's trained context {}; \
+                     quality may degrade past it",
+                    config.n_ctx_train
+                );
+            }
+            c
+        }
+    };
+    if args.batch == 0 {
+        return Err(Error::invalid("--batch-size must be at least 1"));
+    }
+    let ctx = Arc::new(GpuContext::new(&DeviceOptions {
+        device: args.device.clone(),
+        ..Default::default()
+    })?);
+    let device = ctx.describe();
+    let model = GpuModel::load(ctx, &file, config.clone(), n_ctx, args.batch, progress)?;
+    let session = Session::new(Box::new(model), args.batch);
+    Ok(Loaded {
+        session,
+        tokenizer,
+        config,
+        load_ms: t0.elapsed().as_secs_f64() * 1000.0,
+        device,
+    })
+}
+
+/// Text from `-p`, or the contents of `-f` (exact bytes, must be UTF-8).
+pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<Option<String>> {
+    match (prompt, file) {
+        (Some(_), Some(_)) => Err(Error::invalid("give either -p or -f, not both")),
+        (Some(p), None) => Ok(Some(p.clone())),
+        (None, Some(f)) => {
+            let bytes = std::fs::read(f).map_err(|e| Error::Io {
+                path: f.clone(),
+                source: e,
+            })?;
+            String::from_utf8(bytes).map(Some).map_err(|e| {
+                Error::invalid(format!(
+                    "{}: not UTF-8 at byte {}",
+                    f.display(),
+                    e.utf8_error().valid_up_to()
+                ))
+            })
+        }
+        (None, None) => Ok(None),
+    }
+}

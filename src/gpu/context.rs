@@ -1,0 +1,237 @@
+//! One long-lived GPU context: instance, adapter, device and queue, with the adapter's
+//! real limits and the optional features (f16, subgroups, timestamps) we use when present.
+
+use std::sync::Arc;
+
+use crate::{Error, Result};
+
+/// How to pick the adapter.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceOptions {
+    /// `N` (index in `wgllm devices`) or a case-insensitive substring of the adapter name.
+    pub device: Option<String>,
+    /// Use SHADER_F16 / SUBGROUP only if the adapter has them *and* this allows it
+    /// (tests turn them off to exercise the portable paths on any adapter).
+    pub disable_f16: bool,
+    pub disable_subgroups: bool,
+    /// Restrict the requested limits to wgpu's defaults (simulates a small device).
+    pub default_limits: bool,
+    /// Treat storage bindings as at most this many bytes (splits tensors sooner; tests
+    /// use it to exercise split weights with small tensors).
+    pub max_binding: Option<u64>,
+}
+
+/// What `wgllm devices` prints for one adapter.
+#[derive(Clone, Debug)]
+pub struct AdapterSummary {
+    pub index: usize,
+    pub info: wgpu::AdapterInfo,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+}
+
+pub struct GpuContext {
+    pub adapter: wgpu::Adapter,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub limits: wgpu::Limits,
+    /// `enable f16;` is allowed in shaders.
+    pub has_f16: bool,
+    /// Subgroup builtins and operations are allowed in shaders.
+    pub has_subgroups: bool,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+    pub has_timestamps: bool,
+    pub pipelines: super::pipelines::PipelineCache,
+    binding_cap: Option<u64>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Backends from `WGPU_BACKEND` (e.g. `vulkan`, `gl`), else all that are compiled in.
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+/// All adapters, real GPUs first, then integrated, virtual, CPU (software) and others.
+pub fn enumerate() -> Vec<wgpu::Adapter> {
+    let mut adapters = pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()));
+    adapters.sort_by_key(|a| device_rank(a.get_info().device_type));
+    adapters
+}
+
+fn device_rank(t: wgpu::DeviceType) -> u8 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    enumerate()
+        .into_iter()
+        .enumerate()
+        .map(|(index, a)| AdapterSummary {
+            index,
+            info: a.get_info(),
+            features: a.features(),
+            limits: a.limits(),
+        })
+        .collect()
+}
+
+const NO_ADAPTER_HELP: &str = "no GPU adapter found. Install a Vulkan driver (on Debian/Ubuntu: \
+     apt-get install mesa-vulkan-drivers libvulkan1 for the CPU-based lavapipe), or run on the CPU \
+     with --gpu-layers 0";
+
+fn pick_adapter(opts: &DeviceOptions) -> Result<wgpu::Adapter> {
+    let adapters = enumerate();
+    if adapters.is_empty() {
+        return Err(Error::gpu(NO_ADAPTER_HELP));
+    }
+    let Some(want) = opts.device.as_deref() else {
+        return adapters
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::gpu(NO_ADAPTER_HELP));
+    };
+    let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
+    if let Ok(i) = want.parse::<usize>() {
+        let n = adapters.len();
+        return adapters.into_iter().nth(i).ok_or_else(|| {
+            Error::gpu(format!(
+                "--device {i}: only {n} adapter(s): {}",
+                names.join(", ")
+            ))
+        });
+    }
+    let lower = want.to_lowercase();
+    adapters
+        .into_iter()
+        .find(|a| a.get_info().name.to_lowercase().contains(&lower))
+        .ok_or_else(|| {
+            Error::gpu(format!(
+                "--device {want:?} matches no adapter; available: {}",
+                names.join(", ")
+            ))
+        })
+}
+
+impl GpuContext {
+    pub fn new(opts: &DeviceOptions) -> Result<GpuContext> {
+        let adapter = pick_adapter(opts)?;
+        Self::from_adapter(adapter, opts)
+    }
+
+    pub fn from_adapter(adapter: wgpu::Adapter, opts: &DeviceOptions) -> Result<GpuContext> {
+        let info = adapter.get_info();
+        let available = adapter.features();
+        let mut features = wgpu::Features::empty();
+        let has_f16 = !opts.disable_f16 && available.contains(wgpu::Features::SHADER_F16);
+        let has_subgroups = !opts.disable_subgroups && available.contains(wgpu::Features::SUBGROUP);
+        let has_timestamps = available.contains(wgpu::Features::TIMESTAMP_QUERY);
+        if has_f16 {
+            features |= wgpu::Features::SHADER_F16;
+        }
+        if has_subgroups {
+            features |= wgpu::Features::SUBGROUP;
+        }
+        if has_timestamps {
+            features |= wgpu::Features::TIMESTAMP_QUERY;
+        }
+        // The adapter's real limits: wgpu's defaults cap storage bindings at 128 MiB and
+        // buffers at 256 MiB, far below what real GPUs allow.
+        let limits = if opts.default_limits {
+            wgpu::Limits::default().using_resolution(adapter.limits())
+        } else {
+            adapter.limits()
+        };
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("wgllm"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc))
+            .map_err(|e| Error::gpu(format!("cannot open device {}: {e}", info.name)))?;
+        let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = lost.clone();
+        device.set_device_lost_callback(move |reason, msg| {
+            flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            if reason != wgpu::DeviceLostReason::Destroyed {
+                eprintln!("error: GPU device lost ({reason:?}): {msg}");
+            }
+        });
+        // Errors are captured with error scopes where they can happen; anything else is
+        // reported rather than aborting the process.
+        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
+            eprintln!("error: GPU: {e}");
+        }));
+        Ok(GpuContext {
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            adapter,
+            device,
+            queue,
+            info,
+            limits,
+            has_f16,
+            has_subgroups,
+            has_timestamps,
+            pipelines: Default::default(),
+            binding_cap: opts.max_binding,
+            lost,
+        })
+    }
+
+    /// Largest range one storage binding may cover, in bytes.
+    pub fn max_binding(&self) -> u64 {
+        let device =
+            (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size);
+        // Bindings must start at offsets aligned to this; keep part sizes multiples of it.
+        let cap = self.binding_cap.unwrap_or(u64::MAX).max(256);
+        device.min(cap)
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// A one-line description: name, backend, type, driver.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?}, {} {}){}{}",
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info,
+            if self.has_f16 { " f16" } else { "" },
+            if self.has_subgroups { " subgroups" } else { "" },
+        )
+    }
+
+    /// Run `f` inside validation and out-of-memory error scopes and turn what they catch
+    /// into an error naming `what`.
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> T) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = o {
+            return Err(Error::gpu(format!(
+                "{what}: out of GPU memory ({e}); use --gpu-layers to keep some layers on the CPU"
+            )));
+        }
+        if let Some(e) = v {
+            return Err(Error::gpu(format!("{what}: {e}")));
+        }
+        Ok(out)
+    }
+}

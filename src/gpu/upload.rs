@@ -1,0 +1,154 @@
+//! Weights go verbatim from the memory-mapped file into GPU buffers: each buffer is
+//! created mapped and the tensor's bytes are copied straight from the map into it.
+//! A tensor larger than one storage binding allows is split into row ranges.
+
+use wgpu::util::DeviceExt;
+
+use crate::gguf::TensorInfo;
+use crate::quant::GgmlType;
+use crate::{Error, Result};
+
+use super::GpuContext;
+
+/// One buffer holding rows `row0 .. row0 + n_rows` of a tensor.
+pub struct Part {
+    pub buffer: wgpu::Buffer,
+    pub row0: u32,
+    pub n_rows: u32,
+}
+
+/// A weight tensor on the GPU, still in its file encoding.
+pub struct GpuTensor {
+    pub name: String,
+    pub ty: GgmlType,
+    /// ggml order: ne[0] is the row length.
+    pub ne: [u64; 4],
+    pub row_bytes: u64,
+    pub parts: Vec<Part>,
+}
+
+impl GpuTensor {
+    pub fn n_cols(&self) -> u64 {
+        self.ne[0]
+    }
+
+    /// Rows when the tensor is seen as a matrix [ne0, ne1 * ne2 * ne3].
+    pub fn n_rows(&self) -> u64 {
+        self.ne[1] * self.ne[2] * self.ne[3]
+    }
+
+    pub fn n_bytes(&self) -> u64 {
+        self.row_bytes * self.n_rows()
+    }
+
+    /// Upload `data` (the tensor's bytes, borrowed from the file map) described by `info`.
+    pub fn upload(ctx: &GpuContext, info: &TensorInfo, data: &[u8]) -> Result<GpuTensor> {
+        let mut ne = [1u64; 4];
+        for (i, d) in info.dims.iter().take(4).enumerate() {
+            ne[i] = *d;
+        }
+        let row_bytes = info.ty.row_bytes(ne[0]).ok_or_else(|| {
+            Error::model(format!(
+                "tensor {}: row of {} elements is not whole {} blocks",
+                info.name, ne[0], info.ty
+            ))
+        })?;
+        let n_rows = ne[1] * ne[2] * ne[3];
+        if row_bytes.checked_mul(n_rows) != Some(data.len() as u64) {
+            return Err(Error::model(format!(
+                "tensor {}: {} bytes of data for {} rows of {} bytes",
+                info.name,
+                data.len(),
+                n_rows,
+                row_bytes
+            )));
+        }
+        let max = ctx.max_binding();
+        let rows_per_part = (max / row_bytes.max(1)).min(u32::MAX as u64);
+        if rows_per_part == 0 {
+            return Err(Error::gpu(format!(
+                "tensor {}: one row ({} bytes) exceeds the device's storage binding limit ({} bytes); \
+                 use --gpu-layers to run this part on the CPU",
+                info.name, row_bytes, max
+            )));
+        }
+        let mut parts = Vec::new();
+        let mut row0 = 0u64;
+        while row0 < n_rows {
+            let rows = rows_per_part.min(n_rows - row0);
+            let start = (row0 * row_bytes) as usize;
+            let end = ((row0 + rows) * row_bytes) as usize;
+            let buffer = ctx.scoped(&format!("uploading {}", info.name), || {
+                upload_bytes(ctx, &info.name, &data[start..end])
+            })??;
+            parts.push(Part {
+                buffer,
+                row0: row0 as u32,
+                n_rows: rows as u32,
+            });
+            row0 += rows;
+        }
+        Ok(GpuTensor {
+            name: info.name.clone(),
+            ty: info.ty,
+            ne,
+            row_bytes,
+            parts,
+        })
+    }
+}
+
+/// A storage buffer holding `bytes` (padded to a multiple of 4 with zeros).
+fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+    let size = (bytes.len() as u64).next_multiple_of(4).max(4);
+    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: true,
+    });
+    {
+        let mut view = buffer
+            .get_mapped_range_mut(..)
+            .map_err(|e| Error::gpu(format!("mapping the buffer for {label}: {e}")))?;
+        // The tail past the tensor (at most 3 bytes of padding) stays zero as mapped
+        // buffers start zeroed.
+        view.slice(..bytes.len()).copy_from_slice(bytes);
+    }
+    buffer.unmap();
+    Ok(buffer)
+}
+
+/// A storage buffer initialised from `data` (activations, small tables).
+pub fn storage_init<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, data: &[T]) -> wgpu::Buffer {
+    ctx.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::cast_slice(data),
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+        })
+}
+
+/// A zeroed storage buffer of `bytes` bytes (at least 4).
+pub fn storage(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+    let size = bytes.max(4).next_multiple_of(4);
+    if size > ctx.limits.max_buffer_size {
+        return Err(Error::gpu(format!(
+            "buffer {label} needs {size} bytes, over the device's {} byte limit; \
+             lower -c (context) or -b (batch), or use --gpu-layers",
+            ctx.limits.max_buffer_size
+        )));
+    }
+    ctx.scoped(&format!("allocating {label}"), || {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    })
+}

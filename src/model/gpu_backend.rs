@@ -1,0 +1,420 @@
+//! The GPU backend: weights uploaded once, the whole graph recorded once as a list of
+//! bound kernels, and each step replayed into one command submission whose only
+//! readback is the logits sampling needs.
+
+use std::sync::Arc;
+
+use super::config::Config;
+use super::graph::{self, Ops, Scratch};
+use super::weights::{self, ModelWeights};
+use crate::gguf::GgufFile;
+use crate::gpu::readback::Readback;
+use crate::gpu::upload::storage;
+use crate::gpu::{GpuContext, GpuTensor};
+use crate::ops::attention::Attention;
+use crate::ops::glu::Activation;
+use crate::ops::mul_mat::Columns;
+use crate::ops::rope::Rope;
+use crate::ops::{self, Dispatch, StepInfo};
+use crate::{Error, Result};
+
+/// Records the graph's ops as bound kernels.
+struct Recorder<'a> {
+    ctx: &'a GpuContext,
+    step: &'a wgpu::Buffer,
+    ids: &'a wgpu::Buffer,
+    kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
+    probs: &'a wgpu::Buffer,
+    kv_dim: u32,
+    n_ctx: u32,
+    plan: Vec<Dispatch>,
+}
+
+impl Ops for Recorder<'_> {
+    type Act = wgpu::Buffer;
+    type Weight = GpuTensor;
+
+    fn embed(&mut self, w: &GpuTensor, out: &wgpu::Buffer, scale: f32) -> Result<()> {
+        let d = ops::get_rows::gpu(self.ctx, self.step, w, self.ids, out, scale)?;
+        self.plan.extend(d);
+        Ok(())
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: &wgpu::Buffer,
+        w: &GpuTensor,
+        y: &wgpu::Buffer,
+        n: u32,
+        rows: u32,
+        eps: f32,
+    ) -> Result<()> {
+        let wb = single(w)?;
+        let d = ops::rms_norm::gpu(self.ctx, self.step, x, wb, y, n, rows, eps)?;
+        self.plan.push(d);
+        Ok(())
+    }
+
+    fn mul_mat(
+        &mut self,
+        w: &GpuTensor,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        cols: Columns,
+    ) -> Result<()> {
+        let d = ops::mul_mat::gpu(self.ctx, self.step, w, x, y, cols)?;
+        self.plan.extend(d);
+        Ok(())
+    }
+
+    fn rope(&mut self, x: &wgpu::Buffer, rope: &Rope) -> Result<()> {
+        let d = rope.gpu(self.ctx, self.step, x)?;
+        self.plan.push(d);
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        il: usize,
+        q: &wgpu::Buffer,
+        k: &wgpu::Buffer,
+        v: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        attn: &Attention,
+    ) -> Result<()> {
+        let (kc, vc) = self
+            .kv
+            .get(il)
+            .ok_or_else(|| Error::model(format!("no KV cache for layer {il}")))?;
+        let store = ops::kv_store::gpu(self.ctx, self.step, k, v, kc, vc, self.kv_dim, self.n_ctx)?;
+        self.plan.push(store);
+        let d = attn.gpu(self.ctx, self.step, q, kc, vc, self.probs, out)?;
+        self.plan.extend(d);
+        Ok(())
+    }
+
+    fn glu(
+        &mut self,
+        gate: &wgpu::Buffer,
+        up: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        n: u32,
+        act: Activation,
+    ) -> Result<()> {
+        let d = ops::glu::gpu(self.ctx, self.step, gate, up, out, n, act)?;
+        self.plan.push(d);
+        Ok(())
+    }
+
+    fn add(&mut self, x: &wgpu::Buffer, y: &wgpu::Buffer, n: u32) -> Result<()> {
+        let d = ops::add::gpu(self.ctx, self.step, x, y, n)?;
+        self.plan.push(d);
+        Ok(())
+    }
+}
+
+/// The buffer of a tensor that must fit one binding (norm weights).
+fn single(w: &GpuTensor) -> Result<&wgpu::Buffer> {
+    match w.parts.as_slice() {
+        [p] => Ok(&p.buffer),
+        _ => Err(Error::gpu(format!(
+            "{}: expected a single buffer, found {} parts",
+            w.name,
+            w.parts.len()
+        ))),
+    }
+}
+
+/// What logits a step returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    /// The last token's logits only: [n_vocab].
+    Last,
+    /// Every token's: [n_vocab, n_tokens].
+    All,
+}
+
+/// A model whose every layer runs on the GPU.
+pub struct GpuModel {
+    pub ctx: Arc<GpuContext>,
+    pub cfg: Config,
+    pub n_ctx: u32,
+    /// Largest batch one step takes.
+    pub max_batch: u32,
+    weights: ModelWeights<GpuTensor>,
+    step: wgpu::Buffer,
+    ids: wgpu::Buffer,
+    scratch: Scratch<wgpu::Buffer>,
+    kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    probs: wgpu::Buffer,
+    /// Embedding and layers.
+    body: Vec<Dispatch>,
+    last: (Vec<Dispatch>, wgpu::Buffer),
+    /// Built on first use: the head over every token (perplexity), and its batch limit.
+    all: Option<(Vec<Dispatch>, wgpu::Buffer, u32)>,
+    readback: Readback,
+}
+
+/// Bytes of an f32 activation of `per_token` floats for `n` tokens.
+fn act_bytes(per_token: u32, n: u32) -> u64 {
+    per_token as u64 * n as u64 * 4
+}
+
+impl GpuModel {
+    /// Upload `file`'s weights and record the graph for contexts of `n_ctx` tokens and
+    /// batches of up to `n_batch`.
+    pub fn load(
+        ctx: Arc<GpuContext>,
+        file: &GgufFile,
+        cfg: Config,
+        n_ctx: u32,
+        n_batch: u32,
+        progress: bool,
+    ) -> Result<GpuModel> {
+        let weights = upload_weights(&ctx, file, &cfg, progress)?;
+        let max_binding = ctx.max_binding();
+        // The attention probabilities of a whole batch must fit one binding.
+        let probs_per_token = act_bytes(cfg.n_head, n_ctx);
+        let max_batch = (max_binding / probs_per_token.max(1))
+            .min(n_batch as u64)
+            .max(1) as u32;
+        let c = &cfg;
+        let a = |name: &str, per_token: u32| storage(&ctx, name, act_bytes(per_token, max_batch));
+        let scratch = Scratch {
+            x: a("x", c.n_embd)?,
+            xn: a("xn", c.n_embd)?,
+            q: a("q", c.q_dim())?,
+            k: a("k", c.kv_dim())?,
+            v: a("v", c.kv_dim())?,
+            qn: a("qn", c.q_dim())?,
+            kn: a("kn", c.kv_dim())?,
+            attn: a("attn", c.q_dim())?,
+            proj: a("proj", c.n_embd)?,
+            gate: a("gate", c.n_ff)?,
+            up: a("up", c.n_ff)?,
+            ffn: a("ffn", c.n_ff)?,
+        };
+        let mut kv = Vec::new();
+        for il in 0..c.n_layer {
+            let bytes = act_bytes(c.kv_dim(), n_ctx);
+            kv.push((
+                storage(&ctx, &format!("k_cache.{il}"), bytes)?,
+                storage(&ctx, &format!("v_cache.{il}"), bytes)?,
+            ));
+        }
+        let probs = storage(&ctx, "attn_probs", probs_per_token * max_batch as u64)?;
+        let step = ops::uniform(&ctx, "step", &StepInfo::default());
+        let ids = storage(&ctx, "ids", max_batch as u64 * 4)?;
+        let logits_last = storage(&ctx, "logits", act_bytes(c.n_vocab, 1))?;
+        let readback = Readback::new(&ctx, act_bytes(c.n_vocab, 1));
+        let mut m = GpuModel {
+            body: Vec::new(),
+            last: (Vec::new(), logits_last),
+            all: None,
+            ctx,
+            cfg,
+            n_ctx,
+            max_batch,
+            weights,
+            step,
+            ids,
+            scratch,
+            kv,
+            probs,
+            readback,
+        };
+        m.body = m.record(|r, m| {
+            graph::embed(r, &m.cfg, &m.weights.token_embd, &m.scratch)?;
+            for (il, lw) in m.weights.layers.iter().enumerate() {
+                let lw = lw
+                    .as_ref()
+                    .ok_or_else(|| Error::model(format!("layer {il} missing")))?;
+                graph::layer(r, &m.cfg, il as u32, m.n_ctx, lw, &m.scratch)?;
+            }
+            Ok(())
+        })?;
+        m.last.0 = m.record(|r, m| m.record_head(r, &m.last.1, Columns::Last))?;
+        Ok(m)
+    }
+
+    fn recorder(&self) -> Recorder<'_> {
+        Recorder {
+            ctx: &self.ctx,
+            step: &self.step,
+            ids: &self.ids,
+            kv: &self.kv,
+            probs: &self.probs,
+            kv_dim: self.cfg.kv_dim(),
+            n_ctx: self.n_ctx,
+            plan: Vec::new(),
+        }
+    }
+
+    fn record(
+        &self,
+        f: impl FnOnce(&mut Recorder<'_>, &GpuModel) -> Result<()>,
+    ) -> Result<Vec<Dispatch>> {
+        let mut r = self.recorder();
+        f(&mut r, self)?;
+        Ok(r.plan)
+    }
+
+    fn record_head(
+        &self,
+        r: &mut Recorder<'_>,
+        logits: &wgpu::Buffer,
+        cols: Columns,
+    ) -> Result<()> {
+        let output = self
+            .weights
+            .output
+            .as_ref()
+            .unwrap_or(&self.weights.token_embd);
+        graph::head(
+            r,
+            &self.cfg,
+            &self.weights.output_norm,
+            output,
+            &self.scratch,
+            logits,
+            cols,
+        )
+    }
+
+    /// Largest batch a step with `Logits::All` takes (all logits must fit one binding).
+    pub fn max_batch_all_logits(&self) -> u32 {
+        let per_token = act_bytes(self.cfg.n_vocab, 1);
+        (self.ctx.max_binding() / per_token).clamp(1, self.max_batch as u64) as u32
+    }
+
+    /// Run `tokens` at positions pos.. through the model and return the logits.
+    pub fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
+        let n = tokens.len() as u32;
+        let limit = match mode {
+            Logits::Last => self.max_batch,
+            Logits::All => self.max_batch_all_logits(),
+        };
+        if n == 0 || n > limit {
+            return Err(Error::invalid(format!(
+                "a step takes 1..={limit} tokens, got {n}"
+            )));
+        }
+        if pos + n > self.n_ctx {
+            return Err(Error::invalid(format!(
+                "positions {pos}..{} exceed the context of {} tokens",
+                pos + n,
+                self.n_ctx
+            )));
+        }
+        if let Some(bad) = tokens.iter().find(|&&t| t >= self.cfg.n_vocab) {
+            return Err(Error::invalid(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.n_vocab
+            )));
+        }
+        if mode == Logits::All && self.all.is_none() {
+            let nb = self.max_batch_all_logits();
+            let buf = storage(&self.ctx, "logits_all", act_bytes(self.cfg.n_vocab, nb))?;
+            let plan = self.record(|r, m| m.record_head(r, &buf, Columns::All))?;
+            self.all = Some((plan, buf, nb));
+            self.readback = Readback::new(&self.ctx, act_bytes(self.cfg.n_vocab, nb));
+        }
+        let info = StepInfo::new(pos, n);
+        let q = &self.ctx.queue;
+        q.write_buffer(&self.step, 0, bytemuck::bytes_of(&info));
+        q.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
+        let (head, logits, count) = match mode {
+            Logits::Last => (&self.last.0, &self.last.1, self.cfg.n_vocab as usize),
+            Logits::All => {
+                let (p, b, _) = self
+                    .all
+                    .as_ref()
+                    .ok_or_else(|| Error::gpu("no all-logits plan"))?;
+                (p, b, self.cfg.n_vocab as usize * n as usize)
+            }
+        };
+        let mut enc = self
+            .ctx
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("step"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("forward"),
+                timestamp_writes: None,
+            });
+            for d in self.body.iter().chain(head) {
+                d.record(&mut pass, &info);
+            }
+        }
+        self.readback
+            .record(&mut enc, logits, 0, count as u64 * 4)?;
+        self.ctx.queue.submit([enc.finish()]);
+        let out = self.readback.read(&self.ctx, count)?;
+        if self.ctx.is_lost() {
+            return Err(Error::gpu(
+                "the GPU device was lost; try again with --gpu-layers 0",
+            ));
+        }
+        Ok(out)
+    }
+
+    /// Number of kernel dispatches in a generation step.
+    pub fn dispatches_per_step(&self) -> usize {
+        self.body.len() + self.last.0.len()
+    }
+}
+
+/// Upload every weight straight from the file map, with a progress bar on stderr.
+fn upload_weights(
+    ctx: &GpuContext,
+    file: &GgufFile,
+    cfg: &Config,
+    progress: bool,
+) -> Result<ModelWeights<GpuTensor>> {
+    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    let bar = if progress {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "uploading {bar:40} {bytes}/{total_bytes} {msg}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut load = |name: &str| -> Result<GpuTensor> {
+        let info = file
+            .tensor(name)
+            .ok_or_else(|| Error::model(format!("missing tensor {name}")))?;
+        let t = GpuTensor::upload(ctx, info, file.tensor_data(info))?;
+        bar.inc(info.n_bytes);
+        Ok(t)
+    };
+    let e = cfg.n_embd as u64;
+    weights::expect_dims(file, "token_embd.weight", &[e, cfg.n_vocab as u64])?;
+    let token_embd = load("token_embd.weight")?;
+    let mut layers = Vec::new();
+    for il in 0..cfg.n_layer {
+        layers.push(Some(weights::layer(file, cfg, il, &mut load)?));
+    }
+    weights::expect_dims(file, "output_norm.weight", &[e])?;
+    let output_norm = load("output_norm.weight")?;
+    let output = match file.tensor("output.weight") {
+        Some(_) => {
+            weights::expect_dims(file, "output.weight", &[e, cfg.n_vocab as u64])?;
+            Some(load("output.weight")?)
+        }
+        None => None,
+    };
+    bar.finish_and_clear();
+    Ok(ModelWeights {
+        token_embd,
+        layers,
+        output_norm,
+        output,
+    })
+}

@@ -1,0 +1,216 @@
+//! The decoder-only transformer graph, written once over [`Ops`] so any backend that
+//! implements the ops runs it. Llama and Gemma 3 share this graph: Gemma's differences
+//! (scaled embeddings, per-head Q/K norms, post-attention/post-FFN norms, GeGLU, local
+//! layers with their own RoPE base) are switches of [`Config`], not a second copy.
+
+use super::config::Config;
+use crate::ops::attention::Attention;
+use crate::ops::glu::Activation;
+use crate::ops::mul_mat::Columns;
+use crate::ops::rope::Rope;
+use crate::Result;
+
+/// The operations the graph needs. `Act` is an activation buffer handle, `Weight` a
+/// weight tensor handle. Step-dependent values (positions, batch size, token ids) are
+/// the backend's, so a recorded graph can be replayed for every step.
+pub trait Ops {
+    type Act;
+    type Weight;
+
+    /// out[:, t] = embedding of token t of the step, times `scale`.
+    fn embed(&mut self, w: &Self::Weight, out: &Self::Act, scale: f32) -> Result<()>;
+    /// y = rms_norm(x) * w over rows of `n`, `rows_per_token` rows per token.
+    fn rms_norm(
+        &mut self,
+        x: &Self::Act,
+        w: &Self::Weight,
+        y: &Self::Act,
+        n: u32,
+        rows_per_token: u32,
+        eps: f32,
+    ) -> Result<()>;
+    /// y = W x.
+    fn mul_mat(
+        &mut self,
+        w: &Self::Weight,
+        x: &Self::Act,
+        y: &Self::Act,
+        cols: Columns,
+    ) -> Result<()>;
+    /// RoPE in place.
+    fn rope(&mut self, x: &Self::Act, rope: &Rope) -> Result<()>;
+    /// Append k, v to layer `il`'s cache and attend with q into `out`.
+    fn attention(
+        &mut self,
+        il: usize,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        out: &Self::Act,
+        attn: &Attention,
+    ) -> Result<()>;
+    /// out = act(gate) * up over `n` elements per token.
+    fn glu(
+        &mut self,
+        gate: &Self::Act,
+        up: &Self::Act,
+        out: &Self::Act,
+        n: u32,
+        act: Activation,
+    ) -> Result<()>;
+    /// x += y over `n` elements per token.
+    fn add(&mut self, x: &Self::Act, y: &Self::Act, n: u32) -> Result<()>;
+}
+
+/// One block's weights. Shapes in ggml order.
+pub struct LayerWeights<W> {
+    pub attn_norm: W,              // [n_embd]
+    pub wq: W,                     // [n_embd, n_head * head_dim]
+    pub wk: W,                     // [n_embd, n_head_kv * head_dim]
+    pub wv: W,                     // [n_embd, n_head_kv * head_dim]
+    pub wo: W,                     // [n_head * head_dim, n_embd]
+    pub q_norm: Option<W>,         // [head_dim] (Gemma 3)
+    pub k_norm: Option<W>,         // [head_dim] (Gemma 3)
+    pub post_attn_norm: Option<W>, // [n_embd] (Gemma 3)
+    pub ffn_norm: W,               // [n_embd]
+    pub gate: W,                   // [n_embd, n_ff]
+    pub up: W,                     // [n_embd, n_ff]
+    pub down: W,                   // [n_ff, n_embd]
+    pub post_ffn_norm: Option<W>,  // [n_embd] (Gemma 3)
+}
+
+/// Activation buffers of one backend, sized for its largest batch.
+pub struct Scratch<A> {
+    pub x: A,    // [n_embd, n_tokens] residual stream
+    pub xn: A,   // [n_embd, n_tokens] normalised
+    pub q: A,    // [head_dim, n_head, n_tokens]
+    pub k: A,    // [head_dim, n_head_kv, n_tokens]
+    pub v: A,    // [head_dim, n_head_kv, n_tokens]
+    pub qn: A,   // [head_dim, n_head, n_tokens] Q after its norm
+    pub kn: A,   // [head_dim, n_head_kv, n_tokens] K after its norm
+    pub attn: A, // [head_dim, n_head, n_tokens]
+    pub proj: A, // [n_embd, n_tokens]
+    pub gate: A, // [n_ff, n_tokens]
+    pub up: A,   // [n_ff, n_tokens]
+    pub ffn: A,  // [n_ff, n_tokens]
+}
+
+/// Attention geometry of layer `il`.
+pub fn attention_of(cfg: &Config, il: u32, n_ctx: u32) -> Attention {
+    Attention {
+        head_dim: cfg.head_dim,
+        n_head: cfg.n_head,
+        n_head_kv: cfg.n_head_kv,
+        n_ctx,
+        window: if cfg.is_local(il) {
+            cfg.sliding_window
+        } else {
+            0
+        },
+        scale: cfg.attn_scale,
+    }
+}
+
+fn rope_of(cfg: &Config, il: u32, n_heads: u32) -> Rope {
+    Rope {
+        head_dim: cfg.head_dim,
+        n_heads,
+        n_rot: cfg.n_rot,
+        mode: cfg.rope_mode,
+        freq_base: if cfg.is_local(il) {
+            cfg.rope_base_swa
+        } else {
+            cfg.rope_base
+        },
+        // Linear scaling applies to the global layers only (Gemma 3).
+        freq_scale: if cfg.is_local(il) {
+            1.0
+        } else {
+            cfg.rope_scale
+        },
+    }
+}
+
+/// Token embeddings into `s.x`.
+pub fn embed<O: Ops>(
+    o: &mut O,
+    cfg: &Config,
+    token_embd: &O::Weight,
+    s: &Scratch<O::Act>,
+) -> Result<()> {
+    o.embed(token_embd, &s.x, cfg.embd_scale)
+}
+
+/// One transformer block on the residual stream `s.x`.
+pub fn layer<O: Ops>(
+    o: &mut O,
+    cfg: &Config,
+    il: u32,
+    n_ctx: u32,
+    w: &LayerWeights<O::Weight>,
+    s: &Scratch<O::Act>,
+) -> Result<()> {
+    let (n_embd, eps) = (cfg.n_embd, cfg.eps);
+    // Attention.
+    o.rms_norm(&s.x, &w.attn_norm, &s.xn, n_embd, 1, eps)?;
+    o.mul_mat(&w.wq, &s.xn, &s.q, Columns::All)?;
+    o.mul_mat(&w.wk, &s.xn, &s.k, Columns::All)?;
+    o.mul_mat(&w.wv, &s.xn, &s.v, Columns::All)?;
+    let (q, k) = match (&w.q_norm, &w.k_norm) {
+        (Some(qn), Some(kn)) => {
+            o.rms_norm(&s.q, qn, &s.qn, cfg.head_dim, cfg.n_head, eps)?;
+            o.rms_norm(&s.k, kn, &s.kn, cfg.head_dim, cfg.n_head_kv, eps)?;
+            (&s.qn, &s.kn)
+        }
+        _ => (&s.q, &s.k),
+    };
+    o.rope(q, &rope_of(cfg, il, cfg.n_head))?;
+    o.rope(k, &rope_of(cfg, il, cfg.n_head_kv))?;
+    o.attention(
+        il as usize,
+        q,
+        k,
+        &s.v,
+        &s.attn,
+        &attention_of(cfg, il, n_ctx),
+    )?;
+    o.mul_mat(&w.wo, &s.attn, &s.proj, Columns::All)?;
+    residual(o, cfg, &w.post_attn_norm, s)?;
+    // Feed-forward.
+    o.rms_norm(&s.x, &w.ffn_norm, &s.xn, n_embd, 1, eps)?;
+    o.mul_mat(&w.gate, &s.xn, &s.gate, Columns::All)?;
+    o.mul_mat(&w.up, &s.xn, &s.up, Columns::All)?;
+    o.glu(&s.gate, &s.up, &s.ffn, cfg.n_ff, cfg.act)?;
+    o.mul_mat(&w.down, &s.ffn, &s.proj, Columns::All)?;
+    residual(o, cfg, &w.post_ffn_norm, s)
+}
+
+/// x += proj, through the post-norm when the architecture has one.
+fn residual<O: Ops>(
+    o: &mut O,
+    cfg: &Config,
+    post_norm: &Option<O::Weight>,
+    s: &Scratch<O::Act>,
+) -> Result<()> {
+    match post_norm {
+        Some(pn) => {
+            o.rms_norm(&s.proj, pn, &s.xn, cfg.n_embd, 1, cfg.eps)?;
+            o.add(&s.x, &s.xn, cfg.n_embd)
+        }
+        None => o.add(&s.x, &s.proj, cfg.n_embd),
+    }
+}
+
+/// Final norm and the output projection into `logits` ([n_vocab, n_tokens or 1]).
+pub fn head<O: Ops>(
+    o: &mut O,
+    cfg: &Config,
+    output_norm: &O::Weight,
+    output: &O::Weight,
+    s: &Scratch<O::Act>,
+    logits: &O::Act,
+    cols: Columns,
+) -> Result<()> {
+    o.rms_norm(&s.x, output_norm, &s.xn, cfg.n_embd, 1, cfg.eps)?;
+    o.mul_mat(output, &s.xn, logits, cols)
+}

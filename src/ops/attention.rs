@@ -1,0 +1,172 @@
+//! Causal multi-head attention over the KV cache with grouped-query heads and an
+//! optional sliding window, in three kernels: scores (`attn_scores.wgsl`), softmax
+//! (`softmax.wgsl`) and the weighted sum of values (`attn_out.wgsl`). The probabilities
+//! stay in their buffer after the step, so tools can show where the model looked.
+
+use super::{dispatch, groups, op_pipeline, Dispatch, WG};
+use crate::gpu::GpuContext;
+use crate::{Error, Result};
+
+#[derive(Clone, Copy, Debug)]
+pub struct Attention {
+    pub head_dim: u32,
+    pub n_head: u32,
+    pub n_head_kv: u32,
+    /// Context length the cache holds.
+    pub n_ctx: u32,
+    /// Keys at least this far behind the query are masked; 0 for none.
+    pub window: u32,
+    pub scale: f32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct ScoreParams {
+    head_dim: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    window: u32,
+    scale: f32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct SoftmaxParams {
+    n_head: u32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct OutParams {
+    head_dim: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    n_ctx: u32,
+}
+
+impl Attention {
+    fn check(&self) -> Result<()> {
+        if self.n_head_kv == 0 || self.n_head % self.n_head_kv != 0 || self.head_dim % 4 != 0 {
+            return Err(Error::model(format!(
+                "attention: {} heads over {} KV heads of size {} (need a whole group per KV head \
+                 and a head size divisible by 4)",
+                self.n_head, self.n_head_kv, self.head_dim
+            )));
+        }
+        Ok(())
+    }
+
+    /// q: [head_dim, n_head, n_tokens]; caches as `kv_store` writes them;
+    /// probs: [n_kv, n_tokens, n_head] scratch; out: [head_dim, n_head, n_tokens].
+    #[allow(clippy::too_many_arguments)]
+    pub fn gpu(
+        &self,
+        ctx: &GpuContext,
+        step: &wgpu::Buffer,
+        q: &wgpu::Buffer,
+        k_cache: &wgpu::Buffer,
+        v_cache: &wgpu::Buffer,
+        probs: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<Vec<Dispatch>> {
+        self.check()?;
+        let n_head = self.n_head;
+        let sp = ScoreParams {
+            head_dim: self.head_dim,
+            n_head,
+            n_head_kv: self.n_head_kv,
+            window: self.window,
+            scale: self.scale,
+            _pad: [0; 3],
+        };
+        let scores = dispatch(
+            ctx,
+            "attn_scores",
+            op_pipeline(ctx, "attn_scores")?,
+            step,
+            &sp,
+            &[q, k_cache, probs],
+            move |s| [groups(s.n_kv, WG), s.n_tokens, n_head],
+        )?;
+        let softmax = dispatch(
+            ctx,
+            "softmax",
+            op_pipeline(ctx, "softmax")?,
+            step,
+            &SoftmaxParams {
+                n_head,
+                _pad: [0; 3],
+            },
+            &[probs],
+            move |s| [s.n_tokens, n_head, 1],
+        )?;
+        let op = OutParams {
+            head_dim: self.head_dim,
+            n_head,
+            n_head_kv: self.n_head_kv,
+            n_ctx: self.n_ctx,
+        };
+        let hd = self.head_dim;
+        let weighted = dispatch(
+            ctx,
+            "attn_out",
+            op_pipeline(ctx, "attn_out")?,
+            step,
+            &op,
+            &[probs, v_cache, out],
+            move |s| [groups(hd, WG), s.n_tokens, n_head],
+        )?;
+        Ok(vec![scores, softmax, weighted])
+    }
+
+    /// CPU reference with the same layouts; `pos` is the first token's position and the
+    /// caches already hold positions 0 .. pos + n_tokens.
+    pub fn reference(
+        &self,
+        q: &[f32],
+        k_cache: &[f32],
+        v_cache: &[f32],
+        out: &mut [f32],
+        pos: u32,
+        n_tokens: u32,
+    ) {
+        let (hd, nh, nkv) = (
+            self.head_dim as usize,
+            self.n_head as usize,
+            self.n_head_kv as usize,
+        );
+        let group = nh / nkv;
+        let n_kv = (pos + n_tokens) as usize;
+        let mut s = vec![0f32; n_kv];
+        for t in 0..n_tokens as usize {
+            let qpos = pos as usize + t;
+            for h in 0..nh {
+                let hk = h / group;
+                let qv = &q[(t * nh + h) * hd..][..hd];
+                let mut m = f32::NEG_INFINITY;
+                for (j, sj) in s.iter_mut().enumerate() {
+                    let masked = j > qpos || (self.window > 0 && qpos - j >= self.window as usize);
+                    *sj = if masked {
+                        f32::NEG_INFINITY
+                    } else {
+                        let kv = &k_cache[(j * nkv + hk) * hd..][..hd];
+                        qv.iter().zip(kv).map(|(a, b)| a * b).sum::<f32>() * self.scale
+                    };
+                    m = m.max(*sj);
+                }
+                let mut sum = 0.0;
+                for sj in s.iter_mut() {
+                    *sj = (*sj - m).exp();
+                    sum += *sj;
+                }
+                for d in 0..hd {
+                    let vrow = &v_cache[(hk * hd + d) * self.n_ctx as usize..];
+                    let acc: f32 = s.iter().zip(vrow).map(|(p, v)| p * v).sum();
+                    out[(t * nh + h) * hd + d] = acc / sum;
+                }
+            }
+        }
+    }
+}

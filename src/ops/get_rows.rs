@@ -1,0 +1,63 @@
+//! Embedding lookup with in-kernel dequantization (`shaders/ops/get_rows.wgsl`).
+
+use super::{dispatch, groups, Dispatch, WG};
+use crate::gpu::{GpuContext, GpuTensor};
+use crate::{Error, Result};
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Params {
+    pub n_rows: u32,
+    pub n_cols: u32,
+    pub row_bytes: u32,
+    pub row0: u32,
+    pub scale: f32,
+    pub _pad: [u32; 3],
+}
+
+/// out[:, t] = W[:, ids[t]] * scale; out: [n_cols, n_tokens]. One dispatch per part of W.
+pub fn gpu(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    ids: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    scale: f32,
+) -> Result<Vec<Dispatch>> {
+    if w.n_cols() % 32 != 0 {
+        return Err(Error::Unsupported(format!(
+            "{}: rows of {} elements (GPU get_rows needs a multiple of 32)",
+            w.name,
+            w.n_cols()
+        )));
+    }
+    let label = format!("get_rows_{}", w.ty);
+    let ty = w.ty;
+    let pipe = ctx
+        .pipelines
+        .get(&ctx.device, &label, &[("WG", WG as f64)], || {
+            crate::gpu::shaders::quant_source("get_rows", ty)
+        })?;
+    let chunks = (w.n_cols() / 32) as u32;
+    let mut v = Vec::new();
+    for part in &w.parts {
+        let p = Params {
+            n_rows: part.n_rows,
+            n_cols: w.n_cols() as u32,
+            row_bytes: w.row_bytes as u32,
+            row0: part.row0,
+            scale,
+            _pad: [0; 3],
+        };
+        v.push(dispatch(
+            ctx,
+            &label,
+            pipe.clone(),
+            step,
+            &p,
+            &[&part.buffer, ids, out],
+            move |s| [groups(chunks, WG), s.n_tokens, 1],
+        )?);
+    }
+    Ok(v)
+}

@@ -1,0 +1,60 @@
+//! Gated activations: SwiGLU and GeGLU (`shaders/ops/glu.wgsl`).
+
+use super::{dispatch, groups, op_pipeline, Dispatch, WG};
+use crate::gpu::GpuContext;
+use crate::Result;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu = 0,
+    GeluTanh = 1,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Params {
+    pub n: u32,
+    pub act: u32,
+    pub _pad: [u32; 2],
+}
+
+/// out = act(gate) * up; all [n, n_tokens].
+pub fn gpu(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    gate: &wgpu::Buffer,
+    up: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    n: u32,
+    act: Activation,
+) -> Result<Dispatch> {
+    let pipe = op_pipeline(ctx, "glu")?;
+    let p = Params {
+        n,
+        act: act as u32,
+        _pad: [0; 2],
+    };
+    dispatch(ctx, "glu", pipe, step, &p, &[gate, up, out], move |s| {
+        [groups(n, WG), s.n_tokens, 1]
+    })
+}
+
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// GELU with the tanh approximation, as ggml computes it.
+pub fn gelu_tanh(x: f32) -> f32 {
+    let u = 0.797_884_6 * (x + 0.044715 * x * x * x);
+    0.5 * x * (1.0 + u.tanh())
+}
+
+pub fn reference(gate: &[f32], up: &[f32], out: &mut [f32], act: Activation) {
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        let a = match act {
+            Activation::Silu => silu(*g),
+            Activation::GeluTanh => gelu_tanh(*g),
+        };
+        *o = a * u;
+    }
+}

@@ -1,0 +1,149 @@
+//! Compute ops. Each module holds one op: its parameter block (mirroring the WGSL
+//! `Params` struct), a builder that binds it to buffers once and returns a [`Dispatch`],
+//! and the plain CPU reference the kernel is tested against.
+//!
+//! Binding convention of every kernel: 0 = [`StepInfo`] uniform (per forward step),
+//! 1 = the op's own `Params` uniform (fixed at build time), 2.. = storage buffers.
+
+pub mod add;
+pub mod attention;
+pub mod get_rows;
+pub mod glu;
+pub mod kv_store;
+pub mod mul_mat;
+pub mod rms_norm;
+pub mod rope;
+
+use std::sync::Arc;
+
+use wgpu::util::DeviceExt;
+
+use crate::gpu::GpuContext;
+
+/// Values that change per forward step, shared by every kernel (WGSL `Step`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct StepInfo {
+    /// Tokens in this batch.
+    pub n_tokens: u32,
+    /// Position of the batch's first token.
+    pub pos: u32,
+    /// Positions in the KV cache once this batch is stored (pos + n_tokens).
+    pub n_kv: u32,
+    pub _pad: u32,
+}
+
+impl StepInfo {
+    pub fn new(pos: u32, n_tokens: u32) -> StepInfo {
+        StepInfo {
+            n_tokens,
+            pos,
+            n_kv: pos + n_tokens,
+            _pad: 0,
+        }
+    }
+}
+
+type GridFn = Box<dyn Fn(&StepInfo) -> [u32; 3] + Send + Sync>;
+
+/// One kernel bound to its buffers; recorded into a compute pass each step with a grid
+/// computed from that step's sizes.
+pub struct Dispatch {
+    pub label: String,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind_group: wgpu::BindGroup,
+    grid: GridFn,
+}
+
+impl Dispatch {
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, step: &StepInfo) {
+        let [x, y, z] = (self.grid)(step);
+        if x == 0 || y == 0 || z == 0 {
+            return;
+        }
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(x, y, z);
+    }
+
+    pub fn grid(&self, step: &StepInfo) -> [u32; 3] {
+        (self.grid)(step)
+    }
+}
+
+/// A uniform buffer holding `value`.
+pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T) -> wgpu::Buffer {
+    ctx.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::bytes_of(value),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        })
+}
+
+/// Bind `step`, `params` and `buffers` (bindings 0, 1, 2..) to `pipeline` and wrap it with
+/// its grid function.
+pub(crate) fn dispatch<P: bytemuck::Pod>(
+    ctx: &GpuContext,
+    label: &str,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    step: &wgpu::Buffer,
+    params: &P,
+    buffers: &[&wgpu::Buffer],
+    grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
+) -> crate::Result<Dispatch> {
+    let params = uniform(ctx, label, params);
+    let mut entries = vec![
+        wgpu::BindGroupEntry {
+            binding: 0,
+            resource: step.as_entire_binding(),
+        },
+        wgpu::BindGroupEntry {
+            binding: 1,
+            resource: params.as_entire_binding(),
+        },
+    ];
+    for (i, b) in buffers.iter().enumerate() {
+        entries.push(wgpu::BindGroupEntry {
+            binding: 2 + i as u32,
+            resource: b.as_entire_binding(),
+        });
+    }
+    let layout = pipeline.get_bind_group_layout(0);
+    let bind_group = ctx.scoped(&format!("binding {label}"), || {
+        ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(label),
+            layout: &layout,
+            entries: &entries,
+        })
+    })?;
+    Ok(Dispatch {
+        label: label.to_string(),
+        pipeline,
+        bind_group,
+        grid: Box::new(grid),
+    })
+}
+
+/// Workgroups needed to cover `n` items with `wg` per group.
+pub(crate) fn groups(n: u32, wg: u32) -> u32 {
+    n.div_ceil(wg)
+}
+
+/// The default workgroup size of element-wise kernels.
+pub(crate) const WG: u32 = 64;
+
+/// The pipeline of a type-independent kernel.
+pub(crate) fn op_pipeline(
+    ctx: &GpuContext,
+    name: &str,
+) -> crate::Result<Arc<wgpu::ComputePipeline>> {
+    ctx.pipelines.get(&ctx.device, name, &[], || {
+        crate::gpu::shaders::op_source(name)
+    })
+}
+
+/// A step uniform for tests and tools that run kernels outside a model.
+pub fn uniform_for_tests(ctx: &GpuContext, step: &StepInfo) -> wgpu::Buffer {
+    uniform(ctx, "step", step)
+}

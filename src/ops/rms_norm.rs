@@ -1,0 +1,48 @@
+//! RMS normalisation times a weight (`shaders/ops/rms_norm.wgsl`).
+
+use super::{dispatch, op_pipeline, Dispatch};
+use crate::gpu::GpuContext;
+use crate::Result;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Params {
+    pub n: u32,
+    pub rows_per_token: u32,
+    pub eps: f32,
+    pub _pad: u32,
+}
+
+/// y = rms_norm(x) * w over rows of `n`; x, y: [n, rows_per_token, n_tokens], w: [n].
+pub fn gpu(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    x: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    n: u32,
+    rows_per_token: u32,
+    eps: f32,
+) -> Result<Dispatch> {
+    let p = Params {
+        n,
+        rows_per_token,
+        eps,
+        _pad: 0,
+    };
+    let pipe = op_pipeline(ctx, "rms_norm")?;
+    dispatch(ctx, "rms_norm", pipe, step, &p, &[x, w, y], move |s| {
+        [rows_per_token, s.n_tokens, 1]
+    })
+}
+
+/// CPU reference: each row of `n` in `x` normalised into `y`.
+pub fn reference(x: &[f32], w: &[f32], y: &mut [f32], n: usize, eps: f32) {
+    for (xr, yr) in x.chunks(n).zip(y.chunks_mut(n)) {
+        let ss: f64 = xr.iter().map(|v| (*v as f64) * (*v as f64)).sum();
+        let inv = 1.0 / ((ss / n as f64) as f32 + eps).sqrt();
+        for i in 0..n {
+            yr[i] = xr[i] * inv * w[i];
+        }
+    }
+}

@@ -1,0 +1,162 @@
+//! A conversation with a model: the KV cache position, the token history, batched
+//! prompt processing, the generation loop and its timings.
+
+use std::time::Instant;
+
+use crate::model::gpu_backend::Logits;
+use crate::model::Config;
+use crate::{Error, Result};
+
+/// Something that runs the model forward: the whole model on the GPU, on the CPU, or
+/// split between them.
+pub trait Engine {
+    fn config(&self) -> &Config;
+    fn n_ctx(&self) -> u32;
+    /// Largest batch one `step` takes for `mode`.
+    fn max_batch(&self, mode: Logits) -> u32;
+    /// Run `tokens` at positions `pos..` and return logits (last token, or all).
+    fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>>;
+}
+
+impl Engine for crate::model::gpu_backend::GpuModel {
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
+    fn n_ctx(&self) -> u32 {
+        self.n_ctx
+    }
+    fn max_batch(&self, mode: Logits) -> u32 {
+        match mode {
+            Logits::Last => self.max_batch,
+            Logits::All => self.max_batch_all_logits(),
+        }
+    }
+    fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
+        crate::model::gpu_backend::GpuModel::step(self, tokens, pos, mode)
+    }
+}
+
+/// Time spent and tokens processed.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timings {
+    pub prompt_tokens: usize,
+    pub prompt_ms: f64,
+    pub gen_tokens: usize,
+    pub gen_ms: f64,
+}
+
+impl Timings {
+    pub fn prompt_tps(&self) -> f64 {
+        per_second(self.prompt_tokens, self.prompt_ms)
+    }
+    pub fn gen_tps(&self) -> f64 {
+        per_second(self.gen_tokens, self.gen_ms)
+    }
+}
+
+fn per_second(n: usize, ms: f64) -> f64 {
+    if ms > 0.0 {
+        n as f64 * 1000.0 / ms
+    } else {
+        0.0
+    }
+}
+
+pub struct Session {
+    pub engine: Box<dyn Engine>,
+    /// Tokens held in the KV cache, in order.
+    pub history: Vec<u32>,
+    /// Logits after the last processed token.
+    pub logits: Vec<f32>,
+    pub timings: Timings,
+    /// Batch size for prompt processing.
+    pub n_batch: u32,
+}
+
+impl Session {
+    pub fn new(engine: Box<dyn Engine>, n_batch: u32) -> Session {
+        Session {
+            engine,
+            history: Vec::new(),
+            logits: Vec::new(),
+            timings: Timings::default(),
+            n_batch: n_batch.max(1),
+        }
+    }
+
+    pub fn n_past(&self) -> u32 {
+        self.history.len() as u32
+    }
+
+    pub fn n_ctx(&self) -> u32 {
+        self.engine.n_ctx()
+    }
+
+    /// Forget everything in the KV cache.
+    pub fn reset(&mut self) {
+        self.history.clear();
+        self.logits.clear();
+    }
+
+    /// Drop cached positions from `n` on (so the next tokens overwrite them).
+    pub fn truncate(&mut self, n: u32) {
+        self.history.truncate(n as usize);
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        let need = self.history.len() + n;
+        if need > self.n_ctx() as usize {
+            return Err(Error::invalid(format!(
+                "{need} tokens do not fit the context of {} (raise -c, up to the model's trained {})",
+                self.n_ctx(),
+                self.engine.config().n_ctx_train
+            )));
+        }
+        Ok(())
+    }
+
+    /// Process `tokens` (a prompt) in batches; afterwards `self.logits` holds the next-token
+    /// logits.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Ok(());
+        }
+        self.check_room(tokens.len())?;
+        let t0 = Instant::now();
+        let batch = self.n_batch.min(self.engine.max_batch(Logits::Last)).max(1) as usize;
+        for chunk in tokens.chunks(batch) {
+            let pos = self.n_past();
+            self.logits = self.engine.step(chunk, pos, Logits::Last)?;
+            self.history.extend_from_slice(chunk);
+        }
+        self.timings.prompt_tokens += tokens.len();
+        self.timings.prompt_ms += t0.elapsed().as_secs_f64() * 1000.0;
+        Ok(())
+    }
+
+    /// Process one generated token; afterwards `self.logits` holds the next logits.
+    pub fn push(&mut self, token: u32) -> Result<()> {
+        self.check_room(1)?;
+        let t0 = Instant::now();
+        self.logits = self.engine.step(&[token], self.n_past(), Logits::Last)?;
+        self.history.push(token);
+        self.timings.gen_tokens += 1;
+        self.timings.gen_ms += t0.elapsed().as_secs_f64() * 1000.0;
+        Ok(())
+    }
+
+    /// Logits of every token of `tokens` (for perplexity), processed from position `pos`
+    /// after truncating the cache there. Returns [n_vocab, tokens.len()].
+    pub fn all_logits(&mut self, tokens: &[u32], pos: u32) -> Result<Vec<f32>> {
+        self.truncate(pos);
+        self.check_room(tokens.len())?;
+        let batch = self.n_batch.min(self.engine.max_batch(Logits::All)).max(1) as usize;
+        let mut out = Vec::with_capacity(tokens.len() * self.engine.config().n_vocab as usize);
+        for chunk in tokens.chunks(batch) {
+            let l = self.engine.step(chunk, self.n_past(), Logits::All)?;
+            out.extend_from_slice(&l);
+            self.history.extend_from_slice(chunk);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,118 @@
+//! Shared helpers of the GPU tests: one context per adapter the machine offers (made
+//! once), random data, running recorded kernels, and error measures.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use wgllm::gpu::context::enumerate;
+use wgllm::gpu::readback::read_buffer;
+use wgllm::gpu::upload::storage_init;
+use wgllm::gpu::{DeviceOptions, GpuContext};
+use wgllm::ops::{Dispatch, StepInfo};
+
+/// Every adapter on this machine (Vulkan and GL on lavapipe/llvmpipe here). A machine
+/// without any adapter fails the GPU tests: they must not silently skip.
+pub fn contexts() -> &'static [GpuContext] {
+    static CTX: OnceLock<Vec<GpuContext>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        let adapters = enumerate();
+        assert!(
+            !adapters.is_empty(),
+            "no GPU adapter found: install mesa-vulkan-drivers (lavapipe) — GPU tests fail rather than skip"
+        );
+        adapters
+            .into_iter()
+            .filter_map(|a| {
+                let name = a.get_info().name;
+                match GpuContext::from_adapter(a, &DeviceOptions::default()) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        eprintln!("skipping adapter {name}: {e}");
+                        None
+                    }
+                }
+            })
+            .collect()
+    })
+}
+
+/// Deterministic pseudo-random floats in [-scale, scale).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn f32(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.f32() * scale).collect()
+    }
+}
+
+/// Normalised mean squared error of `got` against `want`.
+pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let mut num = 0f64;
+    let mut den = 0f64;
+    for (g, w) in got.iter().zip(want) {
+        if !g.is_finite() {
+            return f64::INFINITY;
+        }
+        num += (*g as f64 - *w as f64).powi(2);
+        den += (*w as f64).powi(2);
+    }
+    num / den.max(1e-30)
+}
+
+/// Value written into guard regions; a kernel writing out of bounds changes it.
+pub const GUARD: f32 = 1234.5;
+
+/// A storage buffer holding `data` followed by `guard` guard values.
+pub fn buffer_with_guard(ctx: &GpuContext, data: &[f32], guard: usize) -> wgpu::Buffer {
+    let mut v = data.to_vec();
+    v.extend(std::iter::repeat_n(GUARD, guard));
+    storage_init(ctx, "test", &v)
+}
+
+/// Read `n` values and check the `guard` values after them are intact.
+pub fn read_checked(ctx: &GpuContext, b: &wgpu::Buffer, n: usize, guard: usize) -> Vec<f32> {
+    let mut v: Vec<f32> = read_buffer(ctx, b, n + guard).expect("readback");
+    let tail = v.split_off(n);
+    assert!(
+        tail.iter().all(|g| *g == GUARD),
+        "kernel wrote past its output on {}",
+        ctx.info.name
+    );
+    v
+}
+
+pub fn step_buffer(ctx: &GpuContext, s: &StepInfo) -> wgpu::Buffer {
+    wgllm::ops::uniform_for_tests(ctx, s)
+}
+
+/// Run `dispatches` for `step` and wait.
+pub fn run(ctx: &GpuContext, dispatches: &[Dispatch], step: &StepInfo) {
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        for d in dispatches {
+            d.record(&mut pass, step);
+        }
+    }
+    ctx.queue.submit([enc.finish()]);
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("poll");
+}
+
+pub fn label(ctx: &GpuContext) -> String {
+    format!("{} ({:?})", ctx.info.name, ctx.info.backend)
+}

@@ -1,0 +1,322 @@
+//! Every GPU kernel against its CPU reference, on every adapter the machine offers
+//! (here Vulkan on lavapipe with f16 and subgroups, and GL on llvmpipe without), at
+//! awkward shapes, with guard regions after each output.
+
+mod common;
+
+use common::*;
+use wgllm::gguf::TensorInfo;
+use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
+use wgllm::ops::attention::Attention;
+use wgllm::ops::glu::{self, Activation};
+use wgllm::ops::mul_mat::{self, Columns};
+use wgllm::ops::rope::{Rope, RopeMode};
+use wgllm::ops::{add, get_rows, kv_store, rms_norm, StepInfo};
+use wgllm::quant::{self, GgmlType};
+
+const GPU_TYPES: [GgmlType; 8] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+];
+
+/// A random weight matrix [n_cols, n_rows] of type `ty` as file bytes.
+fn weight(ty: GgmlType, n_rows: usize, n_cols: usize, seed: u64) -> Vec<u8> {
+    let mut rng = Rng::new(seed);
+    let x = rng.vec(n_rows * n_cols, 1.0);
+    let mut out = Vec::new();
+    quant::quantize(ty, &x, &mut out).expect("quantize");
+    out
+}
+
+fn upload(ctx: &GpuContext, ty: GgmlType, n_rows: usize, n_cols: usize, bytes: &[u8]) -> GpuTensor {
+    let info = TensorInfo {
+        name: format!("w_{ty}"),
+        dims: vec![n_cols as u64, n_rows as u64],
+        ty,
+        offset: 0,
+        n_bytes: bytes.len() as u64,
+    };
+    GpuTensor::upload(ctx, &info, bytes).expect("upload")
+}
+
+fn check_mul_mat(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    n_rows: usize,
+    n_cols: usize,
+    n_tokens: usize,
+    cols: Columns,
+) {
+    let w = weight(ty, n_rows, n_cols, (n_rows * 31 + n_cols) as u64);
+    let x = Rng::new(7).vec(n_cols * n_tokens, 1.0);
+    let mut want = vec![0f32; n_rows * n_tokens];
+    mul_mat::reference(ty, &w, n_rows, n_cols, &x, n_tokens, &mut want).expect("reference");
+    if cols == Columns::Last {
+        want = want[(n_tokens - 1) * n_rows..].to_vec();
+    }
+    let gw = upload(ctx, ty, n_rows, n_cols, &w);
+    let step = StepInfo::new(0, n_tokens as u32);
+    let sb = step_buffer(ctx, &step);
+    let xb = buffer_with_guard(ctx, &x, 0);
+    let yb = buffer_with_guard(ctx, &vec![0.0; want.len()], 64);
+    let d = mul_mat::gpu(ctx, &sb, &gw, &xb, &yb, cols).expect("build");
+    run(ctx, &d, &step);
+    let got = read_checked(ctx, &yb, want.len(), 64);
+    let e = nmse(&got, &want);
+    assert!(
+        e < 1e-10,
+        "mul_mat {ty} {n_rows}x{n_cols} x{n_tokens} {cols:?} on {}: nmse {e:e}",
+        label(ctx)
+    );
+}
+
+#[test]
+fn mul_mat_all_types_awkward_shapes() {
+    for ctx in contexts() {
+        for ty in GPU_TYPES {
+            for (rows, cols, toks) in [
+                (1, 32, 1),
+                (67, 96, 1),
+                (130, 64, 5),
+                (64, 576, 3),
+                (257, 160, 9),
+            ] {
+                check_mul_mat(ctx, ty, rows, cols, toks, Columns::All);
+            }
+            check_mul_mat(ctx, ty, 70, 64, 6, Columns::Last);
+        }
+    }
+}
+
+#[test]
+fn mul_mat_split_weights() {
+    // A binding cap of 1 KiB splits the matrix into many parts.
+    for ctx in contexts() {
+        let small = GpuContext::from_adapter(
+            ctx.adapter.clone(),
+            &DeviceOptions {
+                max_binding: Some(1024),
+                ..Default::default()
+            },
+        )
+        .expect("context");
+        for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::F16] {
+            let gw_rows = 301;
+            let w = weight(ty, gw_rows, 64, 3);
+            let gw = upload(&small, ty, gw_rows, 64, &w);
+            assert!(
+                gw.parts.len() > 3,
+                "{ty}: expected a split, got {} parts",
+                gw.parts.len()
+            );
+            check_mul_mat(&small, ty, gw_rows, 64, 2, Columns::All);
+        }
+    }
+}
+
+#[test]
+fn get_rows_all_types() {
+    for ctx in contexts() {
+        for ty in GPU_TYPES {
+            let (n_rows, n_cols) = (77, 96);
+            let w = weight(ty, n_rows, n_cols, 11);
+            let ids: Vec<u32> = vec![0, 76, 5, 5, 40];
+            let mut want = Vec::new();
+            let rb = ty.row_bytes(n_cols as u64).unwrap() as usize;
+            for &id in &ids {
+                let mut row = vec![0f32; n_cols];
+                quant::dequantize(ty, &w[id as usize * rb..][..rb], &mut row).unwrap();
+                want.extend(row.iter().map(|v| v * 2.5));
+            }
+            let gw = upload(ctx, ty, n_rows, n_cols, &w);
+            let step = StepInfo::new(0, ids.len() as u32);
+            let sb = step_buffer(ctx, &step);
+            let idb = wgllm::gpu::upload::storage_init(ctx, "ids", &ids);
+            let out = buffer_with_guard(ctx, &vec![0.0; want.len()], 32);
+            let d = get_rows::gpu(ctx, &sb, &gw, &idb, &out, 2.5).unwrap();
+            run(ctx, &d, &step);
+            let got = read_checked(ctx, &out, want.len(), 32);
+            assert!(nmse(&got, &want) < 1e-12, "get_rows {ty} on {}", label(ctx));
+        }
+    }
+}
+
+#[test]
+fn rms_norm_rows() {
+    for ctx in contexts() {
+        for (n, rows, toks) in [(576, 1, 3), (67, 3, 2), (256, 4, 1), (1000, 1, 1)] {
+            let mut rng = Rng::new(n as u64);
+            let x = rng.vec(n * rows * toks, 3.0);
+            let w = rng.vec(n, 1.0);
+            let mut want = vec![0f32; x.len()];
+            rms_norm::reference(&x, &w, &mut want, n, 1e-5);
+            let step = StepInfo::new(0, toks as u32);
+            let sb = step_buffer(ctx, &step);
+            let (xb, wb) = (buffer_with_guard(ctx, &x, 0), buffer_with_guard(ctx, &w, 0));
+            let yb = buffer_with_guard(ctx, &vec![0.0; x.len()], 16);
+            let d = rms_norm::gpu(ctx, &sb, &xb, &wb, &yb, n as u32, rows as u32, 1e-5).unwrap();
+            run(ctx, &[d], &step);
+            let got = read_checked(ctx, &yb, x.len(), 16);
+            assert!(
+                nmse(&got, &want) < 1e-10,
+                "rms_norm n={n} on {}",
+                label(ctx)
+            );
+        }
+    }
+}
+
+#[test]
+fn rope_both_modes() {
+    for ctx in contexts() {
+        for mode in [RopeMode::Normal, RopeMode::Neox] {
+            for (hd, heads, n_rot, toks, pos) in [
+                (64, 9, 64, 3, 0),
+                (256, 4, 256, 2, 1000),
+                (64, 3, 32, 5, 17),
+            ] {
+                let r = Rope {
+                    head_dim: hd,
+                    n_heads: heads,
+                    n_rot,
+                    mode,
+                    freq_base: 10000.0,
+                    freq_scale: 1.0,
+                };
+                let x = Rng::new(hd as u64).vec((hd * heads * toks) as usize, 1.0);
+                let mut want = x.clone();
+                r.reference(&mut want, pos);
+                let step = StepInfo::new(pos, toks);
+                let sb = step_buffer(ctx, &step);
+                let xb = buffer_with_guard(ctx, &x, 16);
+                let d = r.gpu(ctx, &sb, &xb).unwrap();
+                run(ctx, &[d], &step);
+                let got = read_checked(ctx, &xb, x.len(), 16);
+                let e = nmse(&got, &want);
+                assert!(
+                    e < 1e-9,
+                    "rope {mode:?} hd={hd} pos={pos} on {}: {e:e}",
+                    label(ctx)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn glu_and_add() {
+    for ctx in contexts() {
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let (n, toks) = (1537usize, 3u32);
+            let mut rng = Rng::new(5);
+            let g = rng.vec(n * toks as usize, 6.0);
+            let u = rng.vec(n * toks as usize, 2.0);
+            let mut want = vec![0f32; g.len()];
+            glu::reference(&g, &u, &mut want, act);
+            let step = StepInfo::new(0, toks);
+            let sb = step_buffer(ctx, &step);
+            let (gb, ub) = (buffer_with_guard(ctx, &g, 0), buffer_with_guard(ctx, &u, 0));
+            let ob = buffer_with_guard(ctx, &vec![0.0; g.len()], 16);
+            let d = glu::gpu(ctx, &sb, &gb, &ub, &ob, n as u32, act).unwrap();
+            run(ctx, &[d], &step);
+            let got = read_checked(ctx, &ob, g.len(), 16);
+            assert!(nmse(&got, &want) < 1e-10, "glu {act:?} on {}", label(ctx));
+        }
+        let (n, toks) = (333usize, 2u32);
+        let mut rng = Rng::new(9);
+        let x = rng.vec(n * 2, 1.0);
+        let y = rng.vec(n * 2, 1.0);
+        let mut want = x.clone();
+        add::reference(&mut want, &y);
+        let step = StepInfo::new(0, toks);
+        let sb = step_buffer(ctx, &step);
+        let xb = buffer_with_guard(ctx, &x, 16);
+        let yb = buffer_with_guard(ctx, &y, 0);
+        run(
+            ctx,
+            &[add::gpu(ctx, &sb, &xb, &yb, n as u32).unwrap()],
+            &step,
+        );
+        assert!(nmse(&read_checked(ctx, &xb, x.len(), 16), &want) < 1e-14);
+    }
+}
+
+/// Store k/v for positions pos.. into caches that already hold 0..pos, then attend.
+#[test]
+fn attention_gqa_window_batches() {
+    for ctx in contexts() {
+        for (hd, nh, nkv, window, pos, toks) in [
+            (64u32, 9u32, 3u32, 0u32, 0u32, 5u32),
+            (64, 9, 3, 0, 37, 1),
+            (256, 4, 1, 8, 20, 6),
+            (32, 4, 4, 0, 3, 70),
+        ] {
+            let n_ctx = 128u32;
+            let kv_dim = hd * nkv;
+            let mut rng = Rng::new((hd + pos) as u64);
+            let n_kv = (pos + toks) as usize;
+            // Caches in their GPU layouts; positions >= n_kv stay zero.
+            let mut kc = vec![0f32; (kv_dim * n_ctx) as usize];
+            let mut vc = vec![0f32; (kv_dim * n_ctx) as usize];
+            let k_all = rng.vec(n_kv * kv_dim as usize, 1.0);
+            let v_all = rng.vec(n_kv * kv_dim as usize, 1.0);
+            for j in 0..n_kv {
+                for i in 0..kv_dim as usize {
+                    kc[j * kv_dim as usize + i] = k_all[j * kv_dim as usize + i];
+                    vc[i * n_ctx as usize + j] = v_all[j * kv_dim as usize + i];
+                }
+            }
+            let q = rng.vec((hd * nh * toks) as usize, 1.0);
+            let attn = Attention {
+                head_dim: hd,
+                n_head: nh,
+                n_head_kv: nkv,
+                n_ctx,
+                window,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let mut want = vec![0f32; q.len()];
+            attn.reference(&q, &kc, &vc, &mut want, pos, toks);
+            // GPU: caches hold 0..pos; this step stores pos..pos+toks through kv_store.
+            let mut kc0 = kc.clone();
+            let mut vc0 = vc.clone();
+            for j in pos as usize..n_kv {
+                for i in 0..kv_dim as usize {
+                    kc0[j * kv_dim as usize + i] = 0.0;
+                    vc0[i * n_ctx as usize + j] = 0.0;
+                }
+            }
+            let k_new = &k_all[pos as usize * kv_dim as usize..];
+            let v_new = &v_all[pos as usize * kv_dim as usize..];
+            let step = StepInfo::new(pos, toks);
+            let sb = step_buffer(ctx, &step);
+            let (kb, vb) = (
+                buffer_with_guard(ctx, &kc0, 0),
+                buffer_with_guard(ctx, &vc0, 0),
+            );
+            let (knb, vnb) = (
+                buffer_with_guard(ctx, k_new, 0),
+                buffer_with_guard(ctx, v_new, 0),
+            );
+            let qb = buffer_with_guard(ctx, &q, 0);
+            let probs = buffer_with_guard(ctx, &vec![0.0; (nh * toks) as usize * n_kv], 16);
+            let ob = buffer_with_guard(ctx, &vec![0.0; q.len()], 16);
+            let mut d = vec![kv_store::gpu(ctx, &sb, &knb, &vnb, &kb, &vb, kv_dim, n_ctx).unwrap()];
+            d.extend(attn.gpu(ctx, &sb, &qb, &kb, &vb, &probs, &ob).unwrap());
+            run(ctx, &d, &step);
+            let got = read_checked(ctx, &ob, q.len(), 16);
+            let e = nmse(&got, &want);
+            assert!(
+                e < 1e-10,
+                "attention hd={hd} nh={nh}/{nkv} w={window} pos={pos} x{toks} on {}: {e:e}",
+                label(ctx)
+            );
+        }
+    }
+}
