@@ -13,6 +13,7 @@ pub mod tokenizer;
 
 pub use error::{Error, Result};
 pub mod chat;
+pub mod cpu;
 pub mod gpu;
 pub mod model;
 pub mod ops;

@@ -14,7 +14,7 @@ use wgllm::ops::rope::{Rope, RopeMode};
 use wgllm::ops::{add, get_rows, kv_store, rms_norm, StepInfo};
 use wgllm::quant::{self, GgmlType};
 
-const GPU_TYPES: [GgmlType; 8] = [
+const GPU_TYPES: [GgmlType; 13] = [
     GgmlType::F32,
     GgmlType::F16,
     GgmlType::BF16,
@@ -23,7 +23,22 @@ const GPU_TYPES: [GgmlType; 8] = [
     GgmlType::Q5_0,
     GgmlType::Q5_1,
     GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
 ];
+
+/// GPU types whose rows may be any multiple of 32 long.
+fn small_block_types() -> impl Iterator<Item = GgmlType> {
+    GPU_TYPES.into_iter().filter(|t| t.block_size() <= 32)
+}
+
+/// GPU K types: rows are a multiple of 256 long.
+fn k_types() -> impl Iterator<Item = GgmlType> {
+    GPU_TYPES.into_iter().filter(|t| t.block_size() == 256)
+}
 
 /// A random weight matrix [n_cols, n_rows] of type `ty` as file bytes.
 fn weight(ty: GgmlType, n_rows: usize, n_cols: usize, seed: u64) -> Vec<u8> {
@@ -79,7 +94,7 @@ fn check_mul_mat(
 #[test]
 fn mul_mat_all_types_awkward_shapes() {
     for ctx in contexts() {
-        for ty in GPU_TYPES {
+        for ty in small_block_types() {
             for (rows, cols, toks) in [
                 (1, 32, 1),
                 (67, 96, 1),
@@ -90,6 +105,26 @@ fn mul_mat_all_types_awkward_shapes() {
                 check_mul_mat(ctx, ty, rows, cols, toks, Columns::All);
             }
             check_mul_mat(ctx, ty, 70, 64, 6, Columns::Last);
+        }
+    }
+}
+
+#[test]
+fn mul_mat_k_quants() {
+    for ctx in contexts() {
+        for ty in k_types() {
+            // 256 and 768 columns give odd block counts per row, so Q3_K / Q6_K rows
+            // alternate between word-aligned and half-word-aligned starts.
+            for (rows, cols, toks) in [
+                (1, 256, 1),
+                (67, 512, 3),
+                (130, 256, 5),
+                (33, 2048, 2),
+                (65, 768, 9),
+            ] {
+                check_mul_mat(ctx, ty, rows, cols, toks, Columns::All);
+            }
+            check_mul_mat(ctx, ty, 70, 512, 6, Columns::Last);
         }
     }
 }
@@ -120,29 +155,45 @@ fn mul_mat_split_weights() {
     }
 }
 
+fn check_get_rows(ctx: &GpuContext, ty: GgmlType, n_rows: usize, n_cols: usize, ids: &[u32]) {
+    let w = weight(ty, n_rows, n_cols, 11);
+    let mut want = Vec::new();
+    let rb = ty.row_bytes(n_cols as u64).unwrap() as usize;
+    for &id in ids {
+        let mut row = vec![0f32; n_cols];
+        quant::dequantize(ty, &w[id as usize * rb..][..rb], &mut row).unwrap();
+        want.extend(row.iter().map(|v| v * 2.5));
+    }
+    let gw = upload(ctx, ty, n_rows, n_cols, &w);
+    let step = StepInfo::new(0, ids.len() as u32);
+    let sb = step_buffer(ctx, &step);
+    let idb = wgllm::gpu::upload::storage_init(ctx, "ids", ids);
+    let out = buffer_with_guard(ctx, &vec![0.0; want.len()], 32);
+    let d = get_rows::gpu(ctx, &sb, &gw, &idb, &out, 2.5).unwrap();
+    run(ctx, &d, &step);
+    let got = read_checked(ctx, &out, want.len(), 32);
+    assert!(
+        nmse(&got, &want) < 1e-12,
+        "get_rows {ty} {n_rows}x{n_cols} on {}",
+        label(ctx)
+    );
+}
+
 #[test]
 fn get_rows_all_types() {
     for ctx in contexts() {
-        for ty in GPU_TYPES {
-            let (n_rows, n_cols) = (77, 96);
-            let w = weight(ty, n_rows, n_cols, 11);
-            let ids: Vec<u32> = vec![0, 76, 5, 5, 40];
-            let mut want = Vec::new();
-            let rb = ty.row_bytes(n_cols as u64).unwrap() as usize;
-            for &id in &ids {
-                let mut row = vec![0f32; n_cols];
-                quant::dequantize(ty, &w[id as usize * rb..][..rb], &mut row).unwrap();
-                want.extend(row.iter().map(|v| v * 2.5));
-            }
-            let gw = upload(ctx, ty, n_rows, n_cols, &w);
-            let step = StepInfo::new(0, ids.len() as u32);
-            let sb = step_buffer(ctx, &step);
-            let idb = wgllm::gpu::upload::storage_init(ctx, "ids", &ids);
-            let out = buffer_with_guard(ctx, &vec![0.0; want.len()], 32);
-            let d = get_rows::gpu(ctx, &sb, &gw, &idb, &out, 2.5).unwrap();
-            run(ctx, &d, &step);
-            let got = read_checked(ctx, &out, want.len(), 32);
-            assert!(nmse(&got, &want) < 1e-12, "get_rows {ty} on {}", label(ctx));
+        for ty in small_block_types() {
+            check_get_rows(ctx, ty, 77, 96, &[0, 76, 5, 5, 40]);
+        }
+    }
+}
+
+#[test]
+fn get_rows_k_quants() {
+    for ctx in contexts() {
+        for ty in k_types() {
+            check_get_rows(ctx, ty, 77, 256, &[0, 76, 5, 5, 40]);
+            check_get_rows(ctx, ty, 9, 768, &[8, 1, 3]);
         }
     }
 }

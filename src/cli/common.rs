@@ -109,7 +109,13 @@ pub fn load(args: &ModelArgs, progress: bool) -> Result<Loaded> {
         ..Default::default()
     })?);
     let device = ctx.describe();
-    let model = GpuModel::load(ctx, &file, config.clone(), n_ctx, args.batch, progress)?;
+    let opts = wgllm::model::gpu_backend::LoadOptions {
+        n_ctx,
+        n_batch: args.batch,
+        progress,
+        capture_attention: false,
+    };
+    let model = GpuModel::load(ctx, &file, config.clone(), &opts)?;
     let session = Session::new(Box::new(model), args.batch);
     Ok(Loaded {
         session,

@@ -23,6 +23,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("attn_scores", &[STEP], wgsl!("ops/attn_scores.wgsl")),
     ("softmax", &[STEP, REDUCE], wgsl!("ops/softmax.wgsl")),
     ("attn_out", &[STEP], wgsl!("ops/attn_out.wgsl")),
+    ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
     ("glu", &[STEP], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),
 ];
@@ -45,7 +46,12 @@ pub fn decoder(ty: GgmlType) -> Option<&'static str> {
         Q5_0 => wgsl!("common/quant/q5_0.wgsl"),
         Q5_1 => wgsl!("common/quant/q5_1.wgsl"),
         Q8_0 => wgsl!("common/quant/q8_0.wgsl"),
-        Q8_1 | Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | Q8_K => return None,
+        Q2_K => wgsl!("common/quant/q2_k.wgsl"),
+        Q3_K => wgsl!("common/quant/q3_k.wgsl"),
+        Q4_K => wgsl!("common/quant/q4_k.wgsl"),
+        Q5_K => wgsl!("common/quant/q5_k.wgsl"),
+        Q6_K => wgsl!("common/quant/q6_k.wgsl"),
+        Q8_1 | Q8_K => return None,
     })
 }
 

@@ -25,6 +25,9 @@ struct Recorder<'a> {
     ids: &'a wgpu::Buffer,
     kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
     probs: &'a wgpu::Buffer,
+    /// When set, each layer's last-token attention is kept here ([n_ctx, n_head, n_layer]).
+    capture: Option<&'a wgpu::Buffer>,
+    n_head: u32,
     kv_dim: u32,
     n_ctx: u32,
     plan: Vec<Dispatch>,
@@ -90,6 +93,19 @@ impl Ops for Recorder<'_> {
         self.plan.push(store);
         let d = attn.gpu(self.ctx, self.step, q, kc, vc, self.probs, out)?;
         self.plan.extend(d);
+        if let Some(cap) = self.capture {
+            let offset = il as u32 * self.n_head * self.n_ctx;
+            let c = ops::attention::capture_gpu(
+                self.ctx,
+                self.step,
+                self.probs,
+                cap,
+                self.n_head,
+                self.n_ctx,
+                offset,
+            )?;
+            self.plan.push(c);
+        }
         Ok(())
     }
 
@@ -141,18 +157,32 @@ pub struct GpuModel {
     pub n_ctx: u32,
     /// Largest batch one step takes.
     pub max_batch: u32,
-    weights: ModelWeights<GpuTensor>,
-    step: wgpu::Buffer,
-    ids: wgpu::Buffer,
-    scratch: Scratch<wgpu::Buffer>,
-    kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
-    probs: wgpu::Buffer,
+    pub(crate) weights: ModelWeights<GpuTensor>,
+    pub(crate) step: wgpu::Buffer,
+    pub(crate) ids: wgpu::Buffer,
+    pub(crate) scratch: Scratch<wgpu::Buffer>,
+    pub(crate) kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
+    pub(crate) probs: wgpu::Buffer,
+    /// Last-token attention of every layer, when asked for at load.
+    pub(crate) capture: Option<wgpu::Buffer>,
     /// Embedding and layers.
-    body: Vec<Dispatch>,
-    last: (Vec<Dispatch>, wgpu::Buffer),
+    pub(crate) body: Vec<Dispatch>,
+    pub(crate) last: (Vec<Dispatch>, wgpu::Buffer),
     /// Built on first use: the head over every token (perplexity), and its batch limit.
-    all: Option<(Vec<Dispatch>, wgpu::Buffer, u32)>,
-    readback: Readback,
+    pub(crate) all: Option<(Vec<Dispatch>, wgpu::Buffer, u32)>,
+    pub(crate) readback: Readback,
+}
+
+/// Options of [`GpuModel::load`].
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    /// Show an upload progress bar on stderr.
+    pub progress: bool,
+    /// Keep every layer's last-token attention probabilities (see
+    /// [`GpuModel::attention`]).
+    pub capture_attention: bool,
 }
 
 /// Bytes of an f32 activation of `per_token` floats for `n` tokens.
@@ -167,11 +197,13 @@ impl GpuModel {
         ctx: Arc<GpuContext>,
         file: &GgufFile,
         cfg: Config,
-        n_ctx: u32,
-        n_batch: u32,
-        progress: bool,
+        opts: &LoadOptions,
     ) -> Result<GpuModel> {
-        let weights = upload_weights(&ctx, file, &cfg, progress)?;
+        let (n_ctx, n_batch) = (opts.n_ctx, opts.n_batch);
+        if n_ctx == 0 || n_batch == 0 {
+            return Err(Error::invalid("context and batch sizes must be at least 1"));
+        }
+        let weights = upload_weights(&ctx, file, &cfg, opts.progress)?;
         let max_binding = ctx.max_binding();
         // The attention probabilities of a whole batch must fit one binding.
         let probs_per_token = act_bytes(cfg.n_head, n_ctx);
@@ -206,6 +238,15 @@ impl GpuModel {
         let step = ops::uniform(&ctx, "step", &StepInfo::default());
         let ids = storage(&ctx, "ids", max_batch as u64 * 4)?;
         let logits_last = storage(&ctx, "logits", act_bytes(c.n_vocab, 1))?;
+        let capture = if opts.capture_attention {
+            Some(storage(
+                &ctx,
+                "attention_capture",
+                act_bytes(c.n_head * c.n_layer, n_ctx),
+            )?)
+        } else {
+            None
+        };
         let readback = Readback::new(&ctx, act_bytes(c.n_vocab, 1));
         let mut m = GpuModel {
             body: Vec::new(),
@@ -221,6 +262,7 @@ impl GpuModel {
             scratch,
             kv,
             probs,
+            capture,
             readback,
         };
         m.body = m.record(|r, m| {
@@ -244,6 +286,8 @@ impl GpuModel {
             ids: &self.ids,
             kv: &self.kv,
             probs: &self.probs,
+            capture: self.capture.as_ref(),
+            n_head: self.cfg.n_head,
             kv_dim: self.cfg.kv_dim(),
             n_ctx: self.n_ctx,
             plan: Vec::new(),
@@ -358,6 +402,30 @@ impl GpuModel {
             ));
         }
         Ok(out)
+    }
+
+    /// The last step's attention probabilities of the batch's last token, per layer and
+    /// head: [n_kv, n_head, n_layer] flattened (positions past the cache are dropped).
+    /// Needs `capture_attention` at load.
+    pub fn attention(&self, n_kv: u32) -> Result<Vec<Vec<Vec<f32>>>> {
+        let cap = self
+            .capture
+            .as_ref()
+            .ok_or_else(|| Error::invalid("the model was loaded without attention capture"))?;
+        let (nl, nh, nc) = (
+            self.cfg.n_layer as usize,
+            self.cfg.n_head as usize,
+            self.n_ctx as usize,
+        );
+        let all: Vec<f32> = crate::gpu::readback::read_buffer(&self.ctx, cap, nl * nh * nc)?;
+        let n_kv = (n_kv as usize).min(nc);
+        Ok((0..nl)
+            .map(|l| {
+                (0..nh)
+                    .map(|h| all[(l * nh + h) * nc..][..n_kv].to_vec())
+                    .collect()
+            })
+            .collect())
     }
 
     /// Number of kernel dispatches in a generation step.

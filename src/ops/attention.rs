@@ -170,3 +170,40 @@ impl Attention {
         }
     }
 }
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct CaptureParams {
+    n_head: u32,
+    n_ctx: u32,
+    offset: u32,
+    _pad: u32,
+}
+
+/// Copy the last token's probabilities of one layer into `capture` ([n_ctx, n_head] at
+/// float `offset`), zero past the cached positions.
+pub fn capture_gpu(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    probs: &wgpu::Buffer,
+    capture: &wgpu::Buffer,
+    n_head: u32,
+    n_ctx: u32,
+    offset: u32,
+) -> Result<Dispatch> {
+    let p = CaptureParams {
+        n_head,
+        n_ctx,
+        offset,
+        _pad: 0,
+    };
+    dispatch(
+        ctx,
+        "attn_capture",
+        op_pipeline(ctx, "attn_capture")?,
+        step,
+        &p,
+        &[probs, capture],
+        move |_| [groups(n_ctx, WG), n_head, 1],
+    )
+}

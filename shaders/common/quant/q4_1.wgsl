@@ -1,14 +1,16 @@
 // Q4_1 (ggml block_q4_1, 20 bytes): f16 d; f16 m; u8 qs[16].
 // Element j = (qs[j] & 15) * d + m, element j + 16 = (qs[j] >> 4) * d + m.
+// The block is 5 whole words, so it is read with aligned loads.
 
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-    let b = row_byte + c * 20u;
-    let dm = unpack2x16float(w_u32(b));
-    var o: array<vec4<f32>, 8>;
-    for (var k = 0u; k < 4u; k++) {
-        let q = w_u32(b + 4u + 4u * k);
-        o[k] = lo4(q) * dm.x + dm.y;
-        o[k + 4u] = hi4(q) * dm.x + dm.y;
-    }
-    return o;
+    let b = (row_byte + c * 20u) >> 2u;
+    let dm = unpack2x16float(w[b]);
+    let q0 = w[b + 1u];
+    let q1 = w[b + 2u];
+    let q2 = w[b + 3u];
+    let q3 = w[b + 4u];
+    return array<vec4<f32>, 8>(
+        lo4(q0) * dm.x + dm.y, lo4(q1) * dm.x + dm.y, lo4(q2) * dm.x + dm.y, lo4(q3) * dm.x + dm.y,
+        hi4(q0) * dm.x + dm.y, hi4(q1) * dm.x + dm.y, hi4(q2) * dm.x + dm.y, hi4(q3) * dm.x + dm.y,
+    );
 }

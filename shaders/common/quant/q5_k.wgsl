@@ -1,0 +1,31 @@
+// Q5_K (ggml block_q5_K, 176 bytes): f16 d; f16 dmin; u8 scales[12]; u8 qh[32];
+// u8 qs[128]. Scales and low nibbles as Q4_K; the fifth bit of value l of sub-block s
+// is bit s of qh[l]. value = d * sc * q - dmin * m.
+// 176 is a multiple of 4, so every block is word aligned and read with plain loads.
+
+// (scale, min) of sub-block s, as in Q4_K (ggml get_scale_min_k4), without branches.
+fn k4_scale_min(s0: u32, s1: u32, s2: u32, s: u32) -> vec2<f32> {
+    let lo = vec2<u32>(s0, s1) & vec2<u32>(0x3f3f3f3fu);
+    let hi = (vec2<u32>(s2, s2 >> 4u) & vec2<u32>(0x0f0f0f0fu))
+        | (((vec2<u32>(s0, s1) >> vec2<u32>(6u)) & vec2<u32>(0x03030303u)) << vec2<u32>(4u));
+    let v = select(hi, lo, s < 4u);
+    return vec2<f32>((v >> vec2<u32>((s & 3u) * 8u)) & vec2<u32>(0xffu));
+}
+
+fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+    let s = c & 7u;
+    let bw = (row_byte + (c >> 3u) * 176u) >> 2u;
+    let dm = unpack2x16float(w[bw]);
+    let sm = k4_scale_min(w[bw + 1u], w[bw + 2u], w[bw + 3u], s);
+    let dl = dm.x * sm.x;
+    let ml = dm.y * sm.y;
+    let hw = bw + 4u;
+    let qw = bw + 12u + (s >> 1u) * 8u;
+    let sh = (s & 1u) * 4u;
+    var o: array<vec4<f32>, 8>;
+    for (var k = 0u; k < 8u; k++) {
+        let q = ((w[qw + k] >> sh) & 0x0f0f0f0fu) | (((w[hw + k] >> s) & 0x01010101u) << 4u);
+        o[k] = u8x4(q) * dl - ml;
+    }
+    return o;
+}

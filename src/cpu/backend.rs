@@ -1,0 +1,594 @@
+//! The CPU backend: the transformer graph of `model::graph` run op by op on the CPU,
+//! with weights read in place from the GGUF file map.
+//!
+//! Layers are loaded for a range, so a split engine can run the first layers elsewhere
+//! and hand the residual stream to [`CpuModel::step_hidden`] for the rest.
+
+use std::cell::{Cell, Ref, RefCell, RefMut};
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::act::ActType;
+use super::dot::Isa;
+use super::matmul::{mul_mat_quantized, WeightView};
+use super::ops::{self, AttnScratch, KvCache};
+use super::pool::Pool;
+use crate::gguf::{GgufFile, TensorInfo};
+use crate::model::gpu_backend::Logits;
+use crate::model::graph::{self, Ops, Scratch};
+use crate::model::weights::{self, ModelWeights};
+use crate::model::Config;
+use crate::ops::attention::Attention;
+use crate::ops::glu::Activation;
+use crate::ops::mul_mat::Columns;
+use crate::ops::rope::Rope;
+use crate::quant::GgmlType;
+use crate::{Error, Result};
+
+/// A weight tensor on the CPU: its bytes stay in the file map, which the tensor keeps
+/// alive. One-dimensional tensors (norm weights, a few hundred values) are also kept
+/// decoded to f32, since every op reads them as floats.
+pub struct CpuTensor {
+    pub name: String,
+    pub ty: GgmlType,
+    /// Dimensions in ggml order (ne[0] innermost).
+    pub ne: Vec<u64>,
+    file: Arc<GgufFile>,
+    offset: usize,
+    len: usize,
+    values: Vec<f32>,
+}
+
+impl CpuTensor {
+    /// The tensor `info` of `file`, borrowed in place.
+    pub fn new(file: &Arc<GgufFile>, info: &TensorInfo) -> Result<CpuTensor> {
+        let data = file.tensor_data(info);
+        let offset = (data.as_ptr() as usize).wrapping_sub(file.bytes().as_ptr() as usize);
+        if data.len() as u64 != info.n_bytes || info.dims.is_empty() {
+            return Err(Error::model(format!(
+                "tensor {} does not lie within the file",
+                info.name
+            )));
+        }
+        let mut t = CpuTensor {
+            name: info.name.clone(),
+            ty: info.ty,
+            ne: info.dims.clone(),
+            file: file.clone(),
+            offset,
+            len: data.len(),
+            values: Vec::new(),
+        };
+        if t.ne.len() == 1 {
+            let n = usize::try_from(t.ne[0]).map_err(|_| Error::model("tensor too large"))?;
+            let mut v = vec![0f32; n];
+            crate::quant::dequantize(t.ty, t.data(), &mut v)
+                .map_err(|e| Error::model(format!("{}: {e}", t.name)))?;
+            t.values = v;
+        }
+        Ok(t)
+    }
+
+    /// The tensor's bytes in the file map.
+    pub fn data(&self) -> &[u8] {
+        self.file
+            .bytes()
+            .get(self.offset..self.offset + self.len)
+            .unwrap_or(&[])
+    }
+
+    pub fn n_cols(&self) -> usize {
+        self.ne.first().copied().unwrap_or(0) as usize
+    }
+
+    /// Rows: the product of every dimension past the first.
+    pub fn n_rows(&self) -> usize {
+        self.ne.iter().skip(1).product::<u64>() as usize
+    }
+
+    pub fn view(&self) -> WeightView<'_> {
+        WeightView {
+            ty: self.ty,
+            data: self.data(),
+            n_cols: self.n_cols(),
+            n_rows: self.n_rows(),
+        }
+    }
+
+    /// A one-dimensional tensor's values.
+    fn vector(&self, n: usize) -> Result<&[f32]> {
+        self.values
+            .get(..n)
+            .ok_or_else(|| Error::model(format!("{}: expected a vector of {n} values", self.name)))
+    }
+}
+
+/// An activation buffer. Ops take the graph's buffers by shared reference, so the data
+/// sits in a `RefCell`; `version` changes on every write, which lets a matmul reuse
+/// the quantized form of an input that has not changed (Q, K and V share one input).
+pub struct CpuAct {
+    data: RefCell<Vec<f32>>,
+    version: Cell<u64>,
+}
+
+impl CpuAct {
+    fn new(n: usize) -> CpuAct {
+        CpuAct {
+            data: RefCell::new(vec![0.0; n]),
+            version: Cell::new(0),
+        }
+    }
+
+    fn read(&self) -> Result<Ref<'_, Vec<f32>>> {
+        self.data
+            .try_borrow()
+            .map_err(|_| Error::invalid("an activation is both read and written by one op"))
+    }
+
+    fn write(&self) -> Result<RefMut<'_, Vec<f32>>> {
+        self.version.set(self.version.get().wrapping_add(1));
+        self.data
+            .try_borrow_mut()
+            .map_err(|_| Error::invalid("an activation is both read and written by one op"))
+    }
+
+    fn id(&self) -> (usize, u64) {
+        (self as *const CpuAct as usize, self.version.get())
+    }
+}
+
+/// `len` values of `v`, or an error naming the op.
+fn part<'a>(v: &'a [f32], len: usize, op: &str) -> Result<&'a [f32]> {
+    v.get(..len)
+        .ok_or_else(|| Error::invalid(format!("{op}: buffer of {} < {len}", v.len())))
+}
+
+fn part_mut<'a>(v: &'a mut [f32], len: usize, op: &str) -> Result<&'a mut [f32]> {
+    let n = v.len();
+    v.get_mut(..len)
+        .ok_or_else(|| Error::invalid(format!("{op}: buffer of {n} < {len}")))
+}
+
+/// Reusable working memory of the ops.
+struct Work {
+    /// Quantized activations of the last matmul input, and what they were made from:
+    /// (buffer, its version, format, first column, columns).
+    qbuf: Vec<u8>,
+    qkey: Option<((usize, u64), ActType, usize, usize)>,
+    rope: Vec<(f32, f32)>,
+    attn: AttnScratch,
+}
+
+/// The graph's ops, executed as they are called, for one step.
+struct CpuOps<'a> {
+    pool: &'a Pool,
+    isa: Isa,
+    kv: &'a mut [Option<KvCache>],
+    work: &'a mut Work,
+    tokens: &'a [u32],
+    pos: u32,
+    n_tokens: usize,
+}
+
+impl Ops for CpuOps<'_> {
+    type Act = CpuAct;
+    type Weight = CpuTensor;
+
+    fn embed(&mut self, w: &CpuTensor, out: &CpuAct, scale: f32) -> Result<()> {
+        let n = w.n_cols();
+        let rb = w.view().row_bytes()?;
+        let mut o = out.write()?;
+        let o = part_mut(&mut o, n * self.tokens.len(), "embed")?;
+        for (&t, orow) in self.tokens.iter().zip(o.chunks_exact_mut(n)) {
+            let row = w
+                .data()
+                .get(t as usize * rb..(t as usize + 1) * rb)
+                .ok_or_else(|| Error::invalid(format!("token {t} outside {}", w.name)))?;
+            crate::quant::dequantize(w.ty, row, orow)?;
+            if scale != 1.0 {
+                orow.iter_mut().for_each(|v| *v *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn rms_norm(
+        &mut self,
+        x: &CpuAct,
+        w: &CpuTensor,
+        y: &CpuAct,
+        n: u32,
+        rows_per_token: u32,
+        eps: f32,
+    ) -> Result<()> {
+        let len = n as usize * rows_per_token as usize * self.n_tokens;
+        let xv = x.read()?;
+        let mut yv = y.write()?;
+        ops::rms_norm(
+            self.pool,
+            part(&xv, len, "rms_norm")?,
+            w.vector(n as usize)?,
+            part_mut(&mut yv, len, "rms_norm")?,
+            n as usize,
+            eps,
+        )
+    }
+
+    fn mul_mat(&mut self, w: &CpuTensor, x: &CpuAct, y: &CpuAct, cols: Columns) -> Result<()> {
+        let view = w.view();
+        let (first, n) = match cols {
+            Columns::All => (0, self.n_tokens),
+            Columns::Last => (self.n_tokens - 1, 1),
+        };
+        let at = ActType::for_weight(w.ty)?;
+        let key = (x.id(), at, first, n);
+        if self.work.qkey != Some(key) {
+            let xv = x.read()?;
+            let xs = xv
+                .get(first * view.n_cols..(first + n) * view.n_cols)
+                .ok_or_else(|| Error::invalid(format!("{}: input too short", w.name)))?;
+            self.work.qkey = None;
+            super::act::quantize_rows(at, xs, view.n_cols, &mut self.work.qbuf)?;
+            self.work.qkey = Some(key);
+        }
+        let mut yv = y.write()?;
+        let ys = part_mut(&mut yv, view.n_rows * n, &w.name)?;
+        mul_mat_quantized(self.pool, self.isa, &view, &self.work.qbuf, n, ys)
+    }
+
+    fn rope(&mut self, x: &CpuAct, rope: &Rope) -> Result<()> {
+        let len = (rope.head_dim * rope.n_heads) as usize * self.n_tokens;
+        let mut xv = x.write()?;
+        ops::rope(
+            rope,
+            part_mut(&mut xv, len, "rope")?,
+            self.pos,
+            &mut self.work.rope,
+        )
+    }
+
+    fn attention(
+        &mut self,
+        il: usize,
+        q: &CpuAct,
+        k: &CpuAct,
+        v: &CpuAct,
+        out: &CpuAct,
+        attn: &Attention,
+    ) -> Result<()> {
+        let cache = self
+            .kv
+            .get_mut(il)
+            .and_then(|c| c.as_mut())
+            .ok_or_else(|| Error::model(format!("no KV cache for layer {il}")))?;
+        let pos = self.pos as usize;
+        cache.store(&k.read()?, &v.read()?, pos, self.n_tokens)?;
+        let qv = q.read()?;
+        let mut ov = out.write()?;
+        ops::attention(
+            self.pool,
+            attn,
+            &qv,
+            cache,
+            &mut ov,
+            pos,
+            self.n_tokens,
+            &self.work.attn,
+        )
+    }
+
+    fn glu(
+        &mut self,
+        gate: &CpuAct,
+        up: &CpuAct,
+        out: &CpuAct,
+        n: u32,
+        act: Activation,
+    ) -> Result<()> {
+        let len = n as usize * self.n_tokens;
+        let (g, u) = (gate.read()?, up.read()?);
+        let mut o = out.write()?;
+        ops::glu(
+            part(&g, len, "glu")?,
+            part(&u, len, "glu")?,
+            part_mut(&mut o, len, "glu")?,
+            act,
+        );
+        Ok(())
+    }
+
+    fn add(&mut self, x: &CpuAct, y: &CpuAct, n: u32) -> Result<()> {
+        let len = n as usize * self.n_tokens;
+        let yv = y.read()?;
+        let mut xv = x.write()?;
+        ops::add(part_mut(&mut xv, len, "add")?, part(&yv, len, "add")?);
+        Ok(())
+    }
+}
+
+/// A model (or a range of its layers) run on the CPU.
+pub struct CpuModel {
+    pub cfg: Config,
+    pub n_ctx: u32,
+    /// Largest batch one step takes.
+    pub max_batch: u32,
+    layers: Range<u32>,
+    weights: ModelWeights<CpuTensor>,
+    scratch: Scratch<CpuAct>,
+    /// [n_vocab] for `Logits::Last`; grown to [n_vocab, max_batch] on the first `All`.
+    logits: CpuAct,
+    kv: Vec<Option<KvCache>>,
+    pool: Pool,
+    isa: Isa,
+    work: Work,
+    /// Keeps the map the weights point into alive.
+    _file: Arc<GgufFile>,
+}
+
+impl CpuModel {
+    /// Every layer of `file` on the CPU, for contexts of `n_ctx` tokens and batches of up
+    /// to `n_batch`, on `threads` threads (0: one per core).
+    pub fn load(
+        file: Arc<GgufFile>,
+        cfg: Config,
+        n_ctx: u32,
+        n_batch: u32,
+        threads: usize,
+    ) -> Result<CpuModel> {
+        let n = cfg.n_layer;
+        Self::load_layers(file, cfg, 0..n, n_ctx, n_batch, threads)
+    }
+
+    /// Layers `layers` of `file` on the CPU (plus the embedding and the head, which are
+    /// only borrowed from the map). KV caches are made for those layers only.
+    pub fn load_layers(
+        file: Arc<GgufFile>,
+        cfg: Config,
+        layers: Range<u32>,
+        n_ctx: u32,
+        n_batch: u32,
+        threads: usize,
+    ) -> Result<CpuModel> {
+        if layers.start > layers.end || layers.end > cfg.n_layer || n_ctx == 0 {
+            return Err(Error::invalid(format!(
+                "layers {layers:?} of {} with a context of {n_ctx}",
+                cfg.n_layer
+            )));
+        }
+        let weights = load_weights(&file, &cfg, &layers)?;
+        let max_batch = n_batch.clamp(1, n_ctx);
+        let c = &cfg;
+        let mb = max_batch as usize;
+        let a = |per_token: u32| CpuAct::new(per_token as usize * mb);
+        let scratch = Scratch {
+            x: a(c.n_embd),
+            xn: a(c.n_embd),
+            q: a(c.q_dim()),
+            k: a(c.kv_dim()),
+            v: a(c.kv_dim()),
+            qn: a(c.q_dim()),
+            kn: a(c.kv_dim()),
+            attn: a(c.q_dim()),
+            proj: a(c.n_embd),
+            gate: a(c.n_ff),
+            up: a(c.n_ff),
+            ffn: a(c.n_ff),
+        };
+        let mut kv = Vec::new();
+        for il in 0..c.n_layer {
+            kv.push(if layers.contains(&il) {
+                Some(KvCache::new(c.kv_dim() as usize, n_ctx as usize)?)
+            } else {
+                None
+            });
+        }
+        let pool = Pool::new(threads);
+        let work = Work {
+            qbuf: Vec::new(),
+            qkey: None,
+            rope: Vec::new(),
+            attn: AttnScratch::new(pool.n_threads(), n_ctx as usize),
+        };
+        Ok(CpuModel {
+            logits: CpuAct::new(c.n_vocab as usize),
+            cfg,
+            n_ctx,
+            max_batch,
+            layers,
+            weights,
+            scratch,
+            kv,
+            pool,
+            isa: Isa::detect(),
+            work,
+            _file: file,
+        })
+    }
+
+    /// Layers this model runs.
+    pub fn layers(&self) -> Range<u32> {
+        self.layers.clone()
+    }
+
+    pub fn n_threads(&self) -> usize {
+        self.pool.n_threads()
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Chooses the kernels' instruction set (tests compare them); errors if the CPU
+    /// lacks it.
+    pub fn set_isa(&mut self, isa: Isa) -> Result<()> {
+        if !isa.available() {
+            return Err(Error::Unsupported(format!("{isa:?} on this CPU")));
+        }
+        self.isa = isa;
+        Ok(())
+    }
+
+    fn check_step(&self, n: usize, pos: u32) -> Result<()> {
+        if n == 0 || n > self.max_batch as usize {
+            return Err(Error::invalid(format!(
+                "a step takes 1..={} tokens, got {n}",
+                self.max_batch
+            )));
+        }
+        if pos as u64 + n as u64 > self.n_ctx as u64 {
+            return Err(Error::invalid(format!(
+                "positions {pos}..{} exceed the context of {} tokens",
+                pos as u64 + n as u64,
+                self.n_ctx
+            )));
+        }
+        Ok(())
+    }
+
+    /// Run `tokens` at positions `pos..` through the whole model and return the logits.
+    pub fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
+        if self.layers != (0..self.cfg.n_layer) {
+            return Err(Error::invalid(format!(
+                "this CPU model holds layers {:?} only; use step_hidden",
+                self.layers
+            )));
+        }
+        self.check_step(tokens.len(), pos)?;
+        if let Some(bad) = tokens.iter().find(|&&t| t >= self.cfg.n_vocab) {
+            return Err(Error::invalid(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.n_vocab
+            )));
+        }
+        self.run(tokens, pos, tokens.len(), mode)
+    }
+
+    /// Continue from the residual stream `hidden` ([n_embd, n_tokens], the input of layer
+    /// `self.layers().start` for tokens at `pos..`) through this model's layers and the
+    /// head; returns the logits.
+    pub fn step_hidden(
+        &mut self,
+        hidden: &[f32],
+        pos: u32,
+        n_tokens: usize,
+        mode: Logits,
+    ) -> Result<Vec<f32>> {
+        self.check_step(n_tokens, pos)?;
+        let len = self.cfg.n_embd as usize * n_tokens;
+        if hidden.len() != len {
+            return Err(Error::invalid(format!(
+                "hidden state of {} values, expected {len}",
+                hidden.len()
+            )));
+        }
+        self.scratch.x.write()?[..len].copy_from_slice(hidden);
+        self.run(&[], pos, n_tokens, mode)
+    }
+
+    /// The embedding of `tokens` (when there are any; otherwise the residual stream is
+    /// already in `scratch.x`), the layers and the head.
+    fn run(&mut self, tokens: &[u32], pos: u32, n: usize, mode: Logits) -> Result<Vec<f32>> {
+        let n_vocab = self.cfg.n_vocab as usize;
+        let (cols, count) = match mode {
+            Logits::Last => (Columns::Last, n_vocab),
+            Logits::All => (Columns::All, n_vocab * n),
+        };
+        if self.logits.read()?.len() < count {
+            self.logits = CpuAct::new(n_vocab * self.max_batch as usize);
+        }
+        let mut o = CpuOps {
+            pool: &self.pool,
+            isa: self.isa,
+            kv: &mut self.kv,
+            work: &mut self.work,
+            tokens,
+            pos,
+            n_tokens: n,
+        };
+        // Nothing quantized from a previous step may be reused.
+        o.work.qkey = None;
+        if !tokens.is_empty() {
+            graph::embed(&mut o, &self.cfg, &self.weights.token_embd, &self.scratch)?;
+        }
+        for il in self.layers.clone() {
+            let lw = self
+                .weights
+                .layers
+                .get(il as usize)
+                .and_then(|l| l.as_ref())
+                .ok_or_else(|| Error::model(format!("layer {il} missing")))?;
+            graph::layer(&mut o, &self.cfg, il, self.n_ctx, lw, &self.scratch)?;
+        }
+        let output = self
+            .weights
+            .output
+            .as_ref()
+            .unwrap_or(&self.weights.token_embd);
+        graph::head(
+            &mut o,
+            &self.cfg,
+            &self.weights.output_norm,
+            output,
+            &self.scratch,
+            &self.logits,
+            cols,
+        )?;
+        let l = self.logits.read()?;
+        Ok(l[..count].to_vec())
+    }
+}
+
+/// Borrow the weights from the map, checking every shape (as the GPU upload does).
+fn load_weights(
+    file: &Arc<GgufFile>,
+    cfg: &Config,
+    layers: &Range<u32>,
+) -> Result<ModelWeights<CpuTensor>> {
+    let mut load = |name: &str| -> Result<CpuTensor> {
+        let info = file
+            .tensor(name)
+            .ok_or_else(|| Error::model(format!("missing tensor {name}")))?;
+        CpuTensor::new(file, info)
+    };
+    let e = cfg.n_embd as u64;
+    weights::expect_dims(file, "token_embd.weight", &[e, cfg.n_vocab as u64])?;
+    let token_embd = load("token_embd.weight")?;
+    let mut ls = Vec::new();
+    for il in 0..cfg.n_layer {
+        ls.push(if layers.contains(&il) {
+            Some(weights::layer(file, cfg, il, &mut load)?)
+        } else {
+            None
+        });
+    }
+    weights::expect_dims(file, "output_norm.weight", &[e])?;
+    let output_norm = load("output_norm.weight")?;
+    let output = match file.tensor("output.weight") {
+        Some(_) => {
+            weights::expect_dims(file, "output.weight", &[e, cfg.n_vocab as u64])?;
+            Some(load("output.weight")?)
+        }
+        None => None,
+    };
+    Ok(ModelWeights {
+        token_embd,
+        layers: ls,
+        output_norm,
+        output,
+    })
+}
+
+impl crate::session::Engine for CpuModel {
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
+    fn n_ctx(&self) -> u32 {
+        self.n_ctx
+    }
+    fn max_batch(&self, _mode: Logits) -> u32 {
+        self.max_batch
+    }
+    fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
+        CpuModel::step(self, tokens, pos, mode)
+    }
+}

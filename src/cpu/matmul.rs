@@ -1,0 +1,109 @@
+//! Quantized matrix times activations on the CPU, on the weight blocks where they lie
+//! in the file map. The activations are quantized once per op to the weight type's
+//! partner format ([`ActType`]), then every output is an integer block dot product.
+//! Rows are handed out to the pool's threads in chunks; within a chunk each weight row
+//! is read once and multiplied with every token's activations while it sits in L1, so
+//! a batch costs one pass over the weights.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::act::{quantize_rows, ActType};
+use super::dot::{kernel, Isa};
+use super::pool::{Pool, SharedMut};
+use crate::quant::GgmlType;
+use crate::{Error, Result};
+
+/// A weight matrix borrowed in place: `n_rows` rows of `n_cols` values of type `ty`.
+#[derive(Clone, Copy, Debug)]
+pub struct WeightView<'a> {
+    pub ty: GgmlType,
+    /// [n_cols, n_rows] in ggml order: row r is `row_bytes` bytes at `r * row_bytes`.
+    pub data: &'a [u8],
+    pub n_cols: usize,
+    pub n_rows: usize,
+}
+
+impl WeightView<'_> {
+    pub fn row_bytes(&self) -> Result<usize> {
+        let rb = self.ty.row_bytes(self.n_cols as u64).ok_or_else(|| {
+            Error::invalid(format!(
+                "{} rows of {} values are not whole blocks",
+                self.ty, self.n_cols
+            ))
+        })?;
+        usize::try_from(rb).map_err(|_| Error::invalid("row size overflows"))
+    }
+}
+
+/// y[t * n_rows + r] = W[r] . x[t * n_cols ..] for `n_tokens` tokens; x: [n_cols, n_tokens],
+/// y: [n_rows, n_tokens]. `qbuf` holds the quantized activations (kept to reuse its
+/// allocation).
+pub fn mul_mat(
+    pool: &Pool,
+    isa: Isa,
+    w: &WeightView<'_>,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+    qbuf: &mut Vec<u8>,
+) -> Result<()> {
+    let at = ActType::for_weight(w.ty)?;
+    let xs = x
+        .get(..w.n_cols * n_tokens)
+        .ok_or_else(|| Error::invalid("mul_mat: activations shorter than the batch"))?;
+    quantize_rows(at, xs, w.n_cols, qbuf)?;
+    mul_mat_quantized(pool, isa, w, qbuf, n_tokens, y)
+}
+
+/// [`mul_mat`] with activations already quantized by [`quantize_rows`] for `w.ty`.
+pub fn mul_mat_quantized(
+    pool: &Pool,
+    isa: Isa,
+    w: &WeightView<'_>,
+    a: &[u8],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    let at = ActType::for_weight(w.ty)?;
+    let rb = w.row_bytes()?;
+    let arb = at.row_bytes(w.n_cols);
+    let need_w = rb.checked_mul(w.n_rows);
+    if need_w.is_none_or(|n| w.data.len() < n) {
+        return Err(Error::invalid(format!(
+            "mul_mat: {} bytes of {} hold fewer than {} rows of {}",
+            w.data.len(),
+            w.ty,
+            w.n_rows,
+            w.n_cols
+        )));
+    }
+    if a.len() < arb * n_tokens || y.len() < w.n_rows * n_tokens {
+        return Err(Error::invalid(format!(
+            "mul_mat: buffers too small for {n_tokens} tokens of {} x {}",
+            w.n_cols, w.n_rows
+        )));
+    }
+    let dot = kernel(w.ty, isa)?;
+    let n_rows = w.n_rows;
+    // Chunks small enough that threads finishing early find more work, large enough
+    // that the counter is not contended.
+    let chunk = (n_rows / (pool.n_threads() * 8)).clamp(4, 64);
+    let n_chunks = n_rows.div_ceil(chunk);
+    let next = AtomicUsize::new(0);
+    let out = SharedMut::new(y);
+    pool.run(&|_, _| loop {
+        let c = next.fetch_add(1, Ordering::Relaxed);
+        if c >= n_chunks {
+            break;
+        }
+        for r in c * chunk..((c + 1) * chunk).min(n_rows) {
+            let wr = &w.data[r * rb..(r + 1) * rb];
+            for (t, ar) in a.chunks_exact(arb).take(n_tokens).enumerate() {
+                // SAFETY: row r belongs to this chunk only, so index t * n_rows + r is
+                // written by this thread alone.
+                unsafe { out.write(t * n_rows + r, dot(wr, ar)) };
+            }
+        }
+    });
+    Ok(())
+}

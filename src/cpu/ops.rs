@@ -1,0 +1,257 @@
+//! Elementwise and attention kernels of the CPU backend, with the semantics of the GPU
+//! ops and their references in `crate::ops`. The CPU KV cache is position-major for
+//! both keys and values (`[kv_dim, n_ctx]` in ggml order: position p's row at
+//! `p * kv_dim`), so scores and the weighted sum both walk contiguous rows.
+
+use std::sync::Mutex;
+
+use super::pool::{split, Pool, SharedMut};
+use crate::ops::attention::Attention;
+use crate::ops::glu::{gelu_tanh, silu, Activation};
+use crate::ops::rope::{Rope, RopeMode};
+use crate::{Error, Result};
+
+/// Dot product with eight partial sums, a shape the compiler turns into vector code.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for k in 0..8 {
+            acc[k] += x[k] * y[k];
+        }
+    }
+    let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// y += a * x.
+fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    for (y, x) in y.iter_mut().zip(x) {
+        *y += a * x;
+    }
+}
+
+/// y = rms_norm(x) * w over rows of `n`; x, y: [n, n_rows]; w: [n].
+pub fn rms_norm(
+    pool: &Pool,
+    x: &[f32],
+    w: &[f32],
+    y: &mut [f32],
+    n: usize,
+    eps: f32,
+) -> Result<()> {
+    if n == 0 || w.len() < n || x.len() % n != 0 || y.len() < x.len() {
+        return Err(Error::invalid(format!(
+            "rms_norm: {} values in rows of {n} with a weight of {}",
+            x.len(),
+            w.len()
+        )));
+    }
+    let n_rows = x.len() / n;
+    let row = |xr: &[f32], yr: &mut [f32]| {
+        let ss: f32 = dot(xr, xr);
+        let inv = 1.0 / (ss / n as f32 + eps).sqrt();
+        for ((y, x), w) in yr.iter_mut().zip(xr).zip(w) {
+            *y = x * inv * w;
+        }
+    };
+    // Splitting pays only for batches; a single token's rows are a few microseconds.
+    if n_rows * n < 1 << 15 || pool.n_threads() == 1 {
+        for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
+            row(xr, yr);
+        }
+        return Ok(());
+    }
+    let out = SharedMut::new(y);
+    pool.run(&|ith, nth| {
+        for r in split(n_rows, ith, nth) {
+            // SAFETY: rows are split between threads without overlap.
+            let yr = unsafe { out.slice(r * n, n) };
+            row(&x[r * n..(r + 1) * n], yr);
+        }
+    });
+    Ok(())
+}
+
+/// Rotary embedding in place on x: [head_dim, n_heads, n_tokens] for tokens at positions
+/// pos0, pos0 + 1, ... `cs` is scratch for one token's (cos, sin) pairs.
+pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, cs: &mut Vec<(f32, f32)>) -> Result<()> {
+    let (hd, nh) = (r.head_dim as usize, r.n_heads as usize);
+    let half = (r.n_rot / 2) as usize;
+    if hd == 0 || 2 * half > hd || x.len() % (hd * nh.max(1)) != 0 {
+        return Err(Error::invalid(format!(
+            "rope: {} values for heads of {hd} x {nh} rotating {}",
+            x.len(),
+            r.n_rot
+        )));
+    }
+    for (t, xt) in x.chunks_exact_mut(hd * nh).enumerate() {
+        let pos = (pos0 as usize + t) as f32;
+        // The angles depend on the position only: once per token, not per head.
+        cs.clear();
+        cs.extend((0..half).map(|i| {
+            let inv_freq = r.freq_base.powf(-((2 * i) as f32) / r.n_rot as f32);
+            let (s, c) = (pos * r.freq_scale * inv_freq).sin_cos();
+            (c, s)
+        }));
+        for xr in xt.chunks_exact_mut(hd) {
+            for (i, &(c, s)) in cs.iter().enumerate() {
+                let (a, b) = match r.mode {
+                    RopeMode::Normal => (2 * i, 2 * i + 1),
+                    RopeMode::Neox => (i, i + half),
+                };
+                let (x0, x1) = (xr[a], xr[b]);
+                xr[a] = x0 * c - x1 * s;
+                xr[b] = x0 * s + x1 * c;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// out = act(gate) * up, elementwise.
+pub fn glu(gate: &[f32], up: &[f32], out: &mut [f32], act: Activation) {
+    match act {
+        Activation::Silu => {
+            for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+                *o = silu(*g) * u;
+            }
+        }
+        Activation::GeluTanh => {
+            for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+                *o = gelu_tanh(*g) * u;
+            }
+        }
+    }
+}
+
+/// x += y, elementwise.
+pub fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+/// One layer's keys and values: [kv_dim, n_ctx] each, position-major.
+pub struct KvCache {
+    pub k: Vec<f32>,
+    pub v: Vec<f32>,
+    pub kv_dim: usize,
+    pub n_ctx: usize,
+}
+
+impl KvCache {
+    pub fn new(kv_dim: usize, n_ctx: usize) -> Result<KvCache> {
+        let n = kv_dim
+            .checked_mul(n_ctx)
+            .ok_or_else(|| Error::invalid("KV cache size overflows"))?;
+        Ok(KvCache {
+            k: vec![0.0; n],
+            v: vec![0.0; n],
+            kv_dim,
+            n_ctx,
+        })
+    }
+
+    /// Stores k, v ([kv_dim, n_tokens]) at positions pos, pos + 1, ...
+    pub fn store(&mut self, k: &[f32], v: &[f32], pos: usize, n_tokens: usize) -> Result<()> {
+        let n = n_tokens * self.kv_dim;
+        let at = pos * self.kv_dim;
+        if pos + n_tokens > self.n_ctx || k.len() < n || v.len() < n {
+            return Err(Error::invalid(format!(
+                "KV store of {n_tokens} tokens at {pos} in a context of {}",
+                self.n_ctx
+            )));
+        }
+        self.k[at..at + n].copy_from_slice(&k[..n]);
+        self.v[at..at + n].copy_from_slice(&v[..n]);
+        Ok(())
+    }
+}
+
+/// Per-thread score rows for [`attention`].
+pub struct AttnScratch {
+    rows: Vec<Mutex<Vec<f32>>>,
+}
+
+impl AttnScratch {
+    pub fn new(n_threads: usize, n_ctx: usize) -> AttnScratch {
+        AttnScratch {
+            rows: (0..n_threads.max(1))
+                .map(|_| Mutex::new(vec![0.0; n_ctx]))
+                .collect(),
+        }
+    }
+}
+
+/// Causal attention of q ([head_dim, n_head, n_tokens], tokens at pos, pos + 1, ...)
+/// over the cache, which already holds positions 0 .. pos + n_tokens; out has q's shape.
+/// Heads and tokens are spread over the pool's threads.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    pool: &Pool,
+    a: &Attention,
+    q: &[f32],
+    cache: &KvCache,
+    out: &mut [f32],
+    pos: usize,
+    n_tokens: usize,
+    scratch: &AttnScratch,
+) -> Result<()> {
+    let (hd, nh, nkv) = (a.head_dim as usize, a.n_head as usize, a.n_head_kv as usize);
+    let n_kv = pos + n_tokens;
+    if nkv == 0 || nh % nkv != 0 || hd * nkv != cache.kv_dim || n_kv > cache.n_ctx {
+        return Err(Error::invalid(format!(
+            "attention: {nh} heads over {nkv} KV heads of {hd} with a cache row of {}",
+            cache.kv_dim
+        )));
+    }
+    let n = hd * nh * n_tokens;
+    if q.len() < n || out.len() < n || scratch.rows.len() < pool.n_threads() {
+        return Err(Error::invalid("attention: buffers too small for the batch"));
+    }
+    let group = nh / nkv;
+    let kd = cache.kv_dim;
+    let o = SharedMut::new(out);
+    pool.run(&|ith, nth| {
+        let Ok(mut s) = scratch.rows[ith].lock() else {
+            return;
+        };
+        for item in split(n_tokens * nh, ith, nth) {
+            let (t, h) = (item / nh, item % nh);
+            let qpos = pos + t;
+            let hk = h / group;
+            let qv = &q[item * hd..(item + 1) * hd];
+            // Keys in the window: (qpos - window, qpos].
+            let first = if a.window > 0 {
+                (qpos + 1).saturating_sub(a.window as usize)
+            } else {
+                0
+            };
+            let s = &mut s[first..=qpos];
+            let mut m = f32::NEG_INFINITY;
+            for (j, sj) in s.iter_mut().enumerate() {
+                let kv = &cache.k[(first + j) * kd + hk * hd..][..hd];
+                *sj = dot(qv, kv) * a.scale;
+                m = m.max(*sj);
+            }
+            let mut sum = 0.0;
+            for sj in s.iter_mut() {
+                *sj = (*sj - m).exp();
+                sum += *sj;
+            }
+            // SAFETY: each (token, head) item is one thread's, and so is its output row.
+            let orow = unsafe { o.slice(item * hd, hd) };
+            orow.fill(0.0);
+            for (j, p) in s.iter().enumerate() {
+                axpy(orow, *p, &cache.v[(first + j) * kd + hk * hd..][..hd]);
+            }
+            let inv = 1.0 / sum;
+            for v in orow.iter_mut() {
+                *v *= inv;
+            }
+        }
+    });
+    Ok(())
+}
