@@ -5,6 +5,7 @@
 //! the model graph ([`model`]) built from compute kernels ([`ops`]), and the logits are
 //! sampled ([`sampling`]).
 
+pub mod engine;
 pub mod error;
 pub mod gguf;
 pub mod quant;

@@ -9,7 +9,7 @@ use crate::{Error, Result};
 
 /// Something that runs the model forward: the whole model on the GPU, on the CPU, or
 /// split between them.
-pub trait Engine {
+pub trait Engine: Send {
     fn config(&self) -> &Config;
     fn n_ctx(&self) -> u32;
     /// Largest batch one `step` takes for `mode`.

@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use clap::Args;
+use wgllm::engine::{load_engine, EngineOptions};
 use wgllm::gguf::GgufFile;
-use wgllm::gpu::{DeviceOptions, GpuContext};
-use wgllm::model::gpu_backend::GpuModel;
+use wgllm::gpu::DeviceOptions;
 use wgllm::model::Config;
+use wgllm::session::Engine;
 use wgllm::session::Session;
 use wgllm::tokenizer::Tokenizer;
 use wgllm::{Error, Result};
@@ -27,6 +28,13 @@ pub struct ModelArgs {
     /// GPU adapter: index from `wgllm devices` or part of its name.
     #[arg(long)]
     pub device: Option<String>,
+    /// Layers to run on the GPU (the last N; N above the layer count also moves the
+    /// output layer). 0 runs on the CPU only and needs no GPU. Default: all.
+    #[arg(long = "gpu-layers", visible_alias = "ngl", alias = "n-gpu-layers")]
+    pub gpu_layers: Option<u32>,
+    /// CPU threads (default: one per core).
+    #[arg(short = 't', long = "threads", default_value_t = 0)]
+    pub threads: usize,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -104,19 +112,21 @@ pub fn load(args: &ModelArgs, progress: bool) -> Result<Loaded> {
     if args.batch == 0 {
         return Err(Error::invalid("--batch-size must be at least 1"));
     }
-    let ctx = Arc::new(GpuContext::new(&DeviceOptions {
-        device: args.device.clone(),
-        ..Default::default()
-    })?);
-    let device = ctx.describe();
-    let opts = wgllm::model::gpu_backend::LoadOptions {
+    let opts = EngineOptions {
         n_ctx,
         n_batch: args.batch,
+        gpu_layers: args.gpu_layers,
+        threads: args.threads,
+        device: DeviceOptions {
+            device: args.device.clone(),
+            ..Default::default()
+        },
         progress,
         capture_attention: false,
     };
-    let model = GpuModel::load(ctx, &file, config.clone(), &opts)?;
-    let session = Session::new(Box::new(model), args.batch);
+    let engine = load_or_offload(Arc::new(file), &config, opts)?;
+    let device = describe(&config, args.gpu_layers);
+    let session = Session::new(engine, args.batch);
     Ok(Loaded {
         session,
         tokenizer,
@@ -146,4 +156,51 @@ pub fn prompt_text(prompt: &Option<String>, file: &Option<PathBuf>) -> Result<Op
         }
         (None, None) => Ok(None),
     }
+}
+
+/// Load the engine; when the model does not fit the GPU (memory or limits), keep
+/// halving the GPU layers, with a message, rather than failing.
+fn load_or_offload(
+    file: Arc<GgufFile>,
+    cfg: &Config,
+    mut opts: EngineOptions,
+) -> Result<Box<dyn Engine>> {
+    loop {
+        match load_engine(file.clone(), cfg, &opts) {
+            Ok(e) => return Ok(e),
+            Err(Error::Gpu(msg)) if fits_less(&msg) && opts.gpu_layers != Some(0) => {
+                let now = opts
+                    .gpu_layers
+                    .unwrap_or(cfg.n_layer + 1)
+                    .min(cfg.n_layer + 1);
+                let next = now / 2;
+                eprintln!("warning: {msg}\nwarning: retrying with --gpu-layers {next}");
+                opts.gpu_layers = Some(next);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Errors that fewer GPU layers can cure.
+fn fits_less(msg: &str) -> bool {
+    msg.contains("out of GPU memory") || msg.contains("limit")
+}
+
+fn describe(cfg: &Config, gpu_layers: Option<u32>) -> String {
+    let (first, head) = wgllm::engine::split(cfg.n_layer, gpu_layers);
+    let on_gpu = cfg.n_layer - first;
+    if on_gpu == 0 && !head {
+        return "CPU".to_string();
+    }
+    let names: Vec<String> = wgllm::gpu::context::list_adapters()
+        .into_iter()
+        .map(|a| format!("{} ({:?})", a.info.name, a.info.backend))
+        .collect();
+    format!(
+        "{on_gpu}/{} layers{} on GPU [{}]",
+        cfg.n_layer,
+        if head { " + output" } else { "" },
+        names.first().cloned().unwrap_or_default()
+    )
 }

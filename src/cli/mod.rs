@@ -1,14 +1,14 @@
 //! Command-line arguments and the subcommands behind them.
 
+mod chat;
 mod common;
 mod devices;
 mod info;
+mod perplexity;
 mod run;
 mod tokenize;
 
 use clap::{Parser, Subcommand};
-
-pub use common::{ModelArgs, SamplingArgs};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -25,6 +25,10 @@ pub struct Cli {
 pub enum Command {
     /// Generate text from a prompt.
     Run(run::RunArgs),
+    /// Chat interactively with the model's chat template.
+    Chat(chat::ChatArgs),
+    /// Perplexity of a text file, as llama.cpp's perplexity tool computes it.
+    Perplexity(perplexity::PerplexityArgs),
     /// Tokenize text and print the ids.
     Tokenize(tokenize::TokenizeArgs),
     /// Print a model's metadata and tensor table.
@@ -36,6 +40,8 @@ pub enum Command {
 pub fn dispatch(cli: Cli) -> wgllm::Result<()> {
     match cli.command {
         Command::Run(a) => run::run(a),
+        Command::Chat(a) => chat::run(a),
+        Command::Perplexity(a) => perplexity::run(a),
         Command::Tokenize(a) => tokenize::run(a),
         Command::Info(a) => info::run(a),
         Command::Devices(a) => devices::run(a),

@@ -487,15 +487,36 @@ impl CpuModel {
 
     /// The embedding of `tokens` (when there are any; otherwise the residual stream is
     /// already in `scratch.x`), the layers and the head.
-    fn run(&mut self, tokens: &[u32], pos: u32, n: usize, mode: Logits) -> Result<Vec<f32>> {
-        let n_vocab = self.cfg.n_vocab as usize;
-        let (cols, count) = match mode {
-            Logits::Last => (Columns::Last, n_vocab),
-            Logits::All => (Columns::All, n_vocab * n),
-        };
-        if self.logits.read()?.len() < count {
-            self.logits = CpuAct::new(n_vocab * self.max_batch as usize);
+    /// Embed `tokens` and run this model's layers, returning the residual stream
+    /// [n_embd, n_tokens] without the head (the first part of a CPU/GPU split).
+    pub fn step_to_hidden(&mut self, tokens: &[u32], pos: u32) -> Result<Vec<f32>> {
+        self.check_step(tokens.len(), pos)?;
+        if let Some(bad) = tokens.iter().find(|&&t| t >= self.cfg.n_vocab) {
+            return Err(Error::invalid(format!(
+                "token id {bad} is outside the vocabulary of {}",
+                self.cfg.n_vocab
+            )));
         }
+        self.run_layers(tokens, pos, tokens.len())?;
+        let len = self.cfg.n_embd as usize * tokens.len();
+        Ok(self.scratch.x.read()?[..len].to_vec())
+    }
+
+    fn run(&mut self, tokens: &[u32], pos: u32, n: usize, mode: Logits) -> Result<Vec<f32>> {
+        self.run_layers(tokens, pos, n)?;
+        self.run_head(pos, n, mode)
+    }
+
+    /// The final norm and output projection over the residual stream `hidden`
+    /// ([n_embd, n_tokens]) computed elsewhere.
+    pub fn head_from_hidden(&mut self, hidden: &[f32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
+        let n = hidden.len() / self.cfg.n_embd.max(1) as usize;
+        self.check_step(n, pos)?;
+        self.scratch.x.write()?[..hidden.len()].copy_from_slice(hidden);
+        self.run_head(pos, n, mode)
+    }
+
+    fn run_layers(&mut self, tokens: &[u32], pos: u32, n: usize) -> Result<()> {
         let mut o = CpuOps {
             pool: &self.pool,
             isa: self.isa,
@@ -519,6 +540,28 @@ impl CpuModel {
                 .ok_or_else(|| Error::model(format!("layer {il} missing")))?;
             graph::layer(&mut o, &self.cfg, il, self.n_ctx, lw, &self.scratch)?;
         }
+        Ok(())
+    }
+
+    fn run_head(&mut self, pos: u32, n: usize, mode: Logits) -> Result<Vec<f32>> {
+        let n_vocab = self.cfg.n_vocab as usize;
+        let (cols, count) = match mode {
+            Logits::Last => (Columns::Last, n_vocab),
+            Logits::All => (Columns::All, n_vocab * n),
+        };
+        if self.logits.read()?.len() < count {
+            self.logits = CpuAct::new(n_vocab * self.max_batch as usize);
+        }
+        let mut o = CpuOps {
+            pool: &self.pool,
+            isa: self.isa,
+            kv: &mut self.kv,
+            work: &mut self.work,
+            tokens: &[],
+            pos,
+            n_tokens: n,
+        };
+        o.work.qkey = None;
         let output = self
             .weights
             .output

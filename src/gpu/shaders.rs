@@ -26,12 +26,21 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
     ("glu", &[STEP], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),
+    ("mul_mat_xcopy", &[STEP], wgsl!("ops/mul_mat_xcopy.wgsl")),
 ];
 
-/// Kernels specialised by weight type: (name, body).
-const QUANT_OPS: &[(&str, &str)] = &[
-    ("mul_mat", wgsl!("ops/mul_mat.wgsl")),
-    ("get_rows", wgsl!("ops/get_rows.wgsl")),
+const MUL_MAT_ROW: &str = wgsl!("ops/mul_mat_row.wgsl");
+const MUL_MAT_WIN: &str = wgsl!("ops/mul_mat_win.wgsl");
+
+/// Kernels specialised by weight type: (name, body parts, joined in order).
+/// `mul_mat_*` are the variants of `mul_mat` (see `ops::mul_mat::Variant`).
+const QUANT_OPS: &[(&str, &[&str])] = &[
+    ("mul_mat", &[wgsl!("ops/mul_mat.wgsl")]),
+    ("mul_mat_win", &[MUL_MAT_WIN, wgsl!("ops/mul_mat_xs.wgsl")]),
+    ("mul_mat_winu", &[MUL_MAT_WIN, wgsl!("ops/mul_mat_xu.wgsl")]),
+    ("mul_mat_wg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_wg.wgsl")]),
+    ("mul_mat_sg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_sg.wgsl")]),
+    ("get_rows", &[wgsl!("ops/get_rows.wgsl")]),
 ];
 
 /// The `decode32` implementation for a weight type, if the GPU supports it.
@@ -78,10 +87,29 @@ pub fn quant_source(name: &str, ty: GgmlType) -> Result<String> {
         .ok_or_else(|| Error::gpu(format!("no shader named {name}")))?;
     let dec = decoder(ty)
         .ok_or_else(|| Error::Unsupported(format!("{name} for {ty} weights on the GPU")))?;
-    Ok(join(&[STEP, BYTES, dec, body]))
+    let mut parts = vec![STEP, BYTES, dec];
+    parts.extend_from_slice(body);
+    Ok(hoist_directives(&join(&parts)))
 }
 
-/// Every shader the engine can build, as (label, source), for offline validation.
+/// WGSL requires `enable ...;` directives before any declaration; a kernel body that
+/// needs one (subgroups) states it at its top, and it is moved to the front here.
+fn hoist_directives(src: &str) -> String {
+    let (dirs, rest): (Vec<&str>, Vec<&str>) = src
+        .lines()
+        .partition(|l| l.trim_start().starts_with("enable "));
+    let mut out = String::with_capacity(src.len() + 1);
+    for d in dirs {
+        out.push_str(d);
+        out.push('\n');
+    }
+    out.push_str(&rest.join("\n"));
+    out
+}
+
+/// Every portable shader the engine can build, as (label, source), for offline
+/// validation without optional features. Kernels that need subgroups are in
+/// [`all_with_subgroups`].
 pub fn all() -> Vec<(String, String)> {
     let mut out = Vec::new();
     for (name, _, _) in OPS {
@@ -89,7 +117,26 @@ pub fn all() -> Vec<(String, String)> {
             out.push((name.to_string(), src));
         }
     }
-    for (name, _) in QUANT_OPS {
+    out.extend(quant_shaders(|name| !needs_subgroups(name)));
+    out
+}
+
+/// The shaders that need the SUBGROUP feature, as (label, source).
+pub fn all_with_subgroups() -> Vec<(String, String)> {
+    quant_shaders(needs_subgroups)
+}
+
+/// Whether the type-specialised kernel `name` uses subgroup operations.
+pub fn needs_subgroups(name: &str) -> bool {
+    QUANT_OPS
+        .iter()
+        .find(|(n, _)| *n == name)
+        .is_some_and(|(_, parts)| parts.iter().any(|p| p.contains("enable subgroups;")))
+}
+
+fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (name, _) in QUANT_OPS.iter().filter(|(n, _)| keep(n)) {
         for ty in GgmlType::ALL {
             if let Ok(src) = quant_source(name, ty) {
                 out.push((format!("{name}_{ty}"), src));

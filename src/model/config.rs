@@ -69,6 +69,12 @@ impl Config {
             )));
         }
         let head_dim = match md.get_u32(&k("attention.key_length"))? {
+            Some(0) => {
+                return Err(Error::model(format!(
+                    "{} is 0: heads need at least one dimension",
+                    k("attention.key_length")
+                )))
+            }
             Some(v) => v,
             None => {
                 if n_embd % n_head != 0 {
@@ -94,11 +100,30 @@ impl Config {
                 .map(|(_, a)| a.len() as u32)
                 .ok_or_else(|| Error::model("no vocab_size and no tokenizer.ggml.tokens"))?,
         };
+        // q_dim, kv_dim and the per-layer attention tables are products of these; a file
+        // whose products overflow 32 bits cannot describe tensors that exist.
+        let heads_fit = [n_head, n_head_kv]
+            .iter()
+            .all(|&h| head_dim.checked_mul(h).is_some());
+        if !heads_fit {
+            return Err(Error::model(format!(
+                "{n_head} heads of {head_dim} dimensions overflow 32 bits"
+            )));
+        }
         let gemma = arch == Arch::Gemma3;
         let cfg = Config {
             n_layer: md.require_u32(&k("block_count"))?,
             n_ff: md.require_u32(&k("feed_forward_length"))?,
-            n_ctx_train: md.get_u32(&k("context_length"))?.unwrap_or(2048),
+            n_ctx_train: match md.get_u32(&k("context_length"))? {
+                Some(0) => {
+                    return Err(Error::model(format!(
+                        "{} is 0: the model has no context",
+                        k("context_length")
+                    )))
+                }
+                Some(n) => n,
+                None => 2048,
+            },
             eps: md.require_f32(&k("attention.layer_norm_rms_epsilon"))?,
             n_rot: md.get_u32(&k("rope.dimension_count"))?.unwrap_or(head_dim),
             rope_mode: if gemma {

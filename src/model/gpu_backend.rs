@@ -171,11 +171,19 @@ pub struct GpuModel {
     /// Built on first use: the head over every token (perplexity), and its batch limit.
     pub(crate) all: Option<(Vec<Dispatch>, wgpu::Buffer, u32)>,
     pub(crate) readback: Readback,
+    pub(crate) layers: std::ops::Range<u32>,
+    pub(crate) head: bool,
 }
 
 /// Options of [`GpuModel::load`].
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
+    /// Layers this model runs (all when `None`). A model that does not start at layer 0
+    /// takes the residual stream from the host instead of token ids.
+    pub layers: Option<std::ops::Range<u32>>,
+    /// Whether the final norm and output projection run here; without them a step
+    /// returns the residual stream.
+    pub head: bool,
     pub n_ctx: u32,
     pub n_batch: u32,
     /// Show an upload progress bar on stderr.
@@ -183,6 +191,34 @@ pub struct LoadOptions {
     /// Keep every layer's last-token attention probabilities (see
     /// [`GpuModel::attention`]).
     pub capture_attention: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            layers: None,
+            head: true,
+            n_ctx: 4096,
+            n_batch: 512,
+            progress: false,
+            capture_attention: false,
+        }
+    }
+}
+
+/// What a step starts from.
+pub enum Input<'a> {
+    Tokens(&'a [u32]),
+    /// The residual stream entering the first layer: [n_embd, n_tokens].
+    Hidden(&'a [f32]),
+}
+
+/// What a step returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Output {
+    Logits(Logits),
+    /// The residual stream after the last layer: [n_embd, n_tokens].
+    Hidden,
 }
 
 /// Bytes of an f32 activation of `per_token` floats for `n` tokens.
@@ -203,7 +239,14 @@ impl GpuModel {
         if n_ctx == 0 || n_batch == 0 {
             return Err(Error::invalid("context and batch sizes must be at least 1"));
         }
-        let weights = upload_weights(&ctx, file, &cfg, opts.progress)?;
+        let layers = opts.layers.clone().unwrap_or(0..cfg.n_layer);
+        if layers.start > layers.end || layers.end > cfg.n_layer {
+            return Err(Error::invalid(format!(
+                "layers {layers:?} of a {}-layer model",
+                cfg.n_layer
+            )));
+        }
+        let weights = upload_weights(&ctx, file, &cfg, &layers, opts.head, opts.progress)?;
         let max_binding = ctx.max_binding();
         // The attention probabilities of a whole batch must fit one binding.
         let probs_per_token = act_bytes(cfg.n_head, n_ctx);
@@ -228,7 +271,12 @@ impl GpuModel {
         };
         let mut kv = Vec::new();
         for il in 0..c.n_layer {
-            let bytes = act_bytes(c.kv_dim(), n_ctx);
+            // Layers that run elsewhere get no cache.
+            let bytes = if layers.contains(&il) {
+                act_bytes(c.kv_dim(), n_ctx)
+            } else {
+                4
+            };
             kv.push((
                 storage(&ctx, &format!("k_cache.{il}"), bytes)?,
                 storage(&ctx, &format!("v_cache.{il}"), bytes)?,
@@ -247,7 +295,7 @@ impl GpuModel {
         } else {
             None
         };
-        let readback = Readback::new(&ctx, act_bytes(c.n_vocab, 1));
+        let readback = Readback::new(&ctx, act_bytes(c.n_vocab.max(c.n_embd * max_batch), 1));
         let mut m = GpuModel {
             body: Vec::new(),
             last: (Vec::new(), logits_last),
@@ -264,6 +312,8 @@ impl GpuModel {
             probs,
             capture,
             readback,
+            layers,
+            head: opts.head,
         };
         m.body = m.record(|r, m| {
             graph::embed(r, &m.cfg, &m.weights.token_embd, &m.scratch)?;
@@ -333,49 +383,86 @@ impl GpuModel {
 
     /// Run `tokens` at positions pos.. through the model and return the logits.
     pub fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
-        let n = tokens.len() as u32;
-        let limit = match mode {
-            Logits::Last => self.max_batch,
-            Logits::All => self.max_batch_all_logits(),
+        self.step_io(Input::Tokens(tokens), pos, Output::Logits(mode))
+    }
+
+    /// One forward step from `input` at positions `pos..`, returning `output`.
+    pub fn step_io(&mut self, input: Input<'_>, pos: u32, output: Output) -> Result<Vec<f32>> {
+        let n = match input {
+            Input::Tokens(t) => t.len() as u32,
+            Input::Hidden(h) => (h.len() / self.cfg.n_embd as usize) as u32,
+        };
+        let limit = match output {
+            Output::Logits(Logits::All) => self.max_batch_all_logits(),
+            _ => self.max_batch,
         };
         if n == 0 || n > limit {
             return Err(Error::invalid(format!(
                 "a step takes 1..={limit} tokens, got {n}"
             )));
         }
-        if pos + n > self.n_ctx {
+        if pos as u64 + n as u64 > self.n_ctx as u64 {
             return Err(Error::invalid(format!(
                 "positions {pos}..{} exceed the context of {} tokens",
-                pos + n,
+                pos as u64 + n as u64,
                 self.n_ctx
             )));
         }
-        if let Some(bad) = tokens.iter().find(|&&t| t >= self.cfg.n_vocab) {
-            return Err(Error::invalid(format!(
-                "token id {bad} is outside the vocabulary of {}",
-                self.cfg.n_vocab
-            )));
+        let q = &self.ctx.queue;
+        match input {
+            Input::Tokens(tokens) => {
+                if self.layers.start != 0 {
+                    return Err(Error::invalid(
+                        "this GPU model starts after the embedding: give it hidden states",
+                    ));
+                }
+                if let Some(bad) = tokens.iter().find(|&&t| t >= self.cfg.n_vocab) {
+                    return Err(Error::invalid(format!(
+                        "token id {bad} is outside the vocabulary of {}",
+                        self.cfg.n_vocab
+                    )));
+                }
+                q.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
+            }
+            Input::Hidden(h) => {
+                if self.layers.start == 0 || h.len() != (n * self.cfg.n_embd) as usize {
+                    return Err(Error::invalid(
+                        "hidden input: wrong size, or this model embeds tokens itself",
+                    ));
+                }
+                q.write_buffer(&self.scratch.x, 0, bytemuck::cast_slice(h));
+            }
         }
-        if mode == Logits::All && self.all.is_none() {
+        if output != Output::Hidden && !self.head {
+            return Err(Error::invalid("this GPU model has no output layer"));
+        }
+        if output == Output::Logits(Logits::All) && self.all.is_none() {
             let nb = self.max_batch_all_logits();
             let buf = storage(&self.ctx, "logits_all", act_bytes(self.cfg.n_vocab, nb))?;
             let plan = self.record(|r, m| m.record_head(r, &buf, Columns::All))?;
             self.all = Some((plan, buf, nb));
-            self.readback = Readback::new(&self.ctx, act_bytes(self.cfg.n_vocab, nb));
+            self.readback = Readback::new(
+                &self.ctx,
+                act_bytes(self.cfg.n_vocab, nb).max(act_bytes(self.cfg.n_embd, self.max_batch)),
+            );
         }
         let info = StepInfo::new(pos, n);
-        let q = &self.ctx.queue;
         q.write_buffer(&self.step, 0, bytemuck::bytes_of(&info));
-        q.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
-        let (head, logits, count) = match mode {
-            Logits::Last => (&self.last.0, &self.last.1, self.cfg.n_vocab as usize),
-            Logits::All => {
+        let none: &[Dispatch] = &[];
+        let (head, out_buf, count) = match output {
+            Output::Logits(Logits::Last) => (
+                self.last.0.as_slice(),
+                &self.last.1,
+                self.cfg.n_vocab as usize,
+            ),
+            Output::Logits(Logits::All) => {
                 let (p, b, _) = self
                     .all
                     .as_ref()
                     .ok_or_else(|| Error::gpu("no all-logits plan"))?;
-                (p, b, self.cfg.n_vocab as usize * n as usize)
+                (p.as_slice(), b, self.cfg.n_vocab as usize * n as usize)
             }
+            Output::Hidden => (none, &self.scratch.x, (self.cfg.n_embd * n) as usize),
         };
         let mut enc = self
             .ctx
@@ -393,7 +480,7 @@ impl GpuModel {
             }
         }
         self.readback
-            .record(&mut enc, logits, 0, count as u64 * 4)?;
+            .record(&mut enc, out_buf, 0, count as u64 * 4)?;
         self.ctx.queue.submit([enc.finish()]);
         let out = self.readback.read(&self.ctx, count)?;
         if self.ctx.is_lost() {
@@ -439,6 +526,8 @@ fn upload_weights(
     ctx: &GpuContext,
     file: &GgufFile,
     cfg: &Config,
+    range: &std::ops::Range<u32>,
+    head: bool,
     progress: bool,
 ) -> Result<ModelWeights<GpuTensor>> {
     let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
@@ -467,8 +556,13 @@ fn upload_weights(
     let token_embd = load("token_embd.weight")?;
     let mut layers = Vec::new();
     for il in 0..cfg.n_layer {
-        layers.push(Some(weights::layer(file, cfg, il, &mut load)?));
+        layers.push(if range.contains(&il) {
+            Some(weights::layer(file, cfg, il, &mut load)?)
+        } else {
+            None
+        });
     }
+    let _ = head;
     weights::expect_dims(file, "output_norm.weight", &[e])?;
     let output_norm = load("output_norm.weight")?;
     let output = match file.tensor("output.weight") {

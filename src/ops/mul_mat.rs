@@ -1,7 +1,7 @@
 //! Quantized matrix times activations, dequantizing inside the kernel
 //! (`shaders/ops/mul_mat.wgsl` with the weight type's decoder).
 
-use super::{dispatch, groups, Dispatch, WG};
+use super::{dispatch, groups, Dispatch, StepInfo, WG};
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -28,21 +28,216 @@ pub enum Columns {
     Last,
 }
 
+/// Kernel variants of `mul_mat`; all compute the same product and are tested against
+/// [`reference`]. Which one runs is chosen per device by [`variant`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Variant {
+    /// `mul_mat.wgsl`: one invocation per row, the decoders' u32 loads from storage.
+    Row,
+    /// `mul_mat_win.wgsl` + `mul_mat_xs.wgsl`: one invocation per row, the row
+    /// fetched in windows of vec4 loads into a private array.
+    Win,
+    /// `mul_mat_win.wgsl` + `mul_mat_xu.wgsl`: as `Win`, activations copied into a
+    /// uniform buffer first (`mul_mat_xcopy`), a few tokens at a time (fastest on
+    /// lavapipe). Rows longer than the uniform buffer holds run as `Win`.
+    WinU,
+    /// `mul_mat_wg.wgsl`: one workgroup per row, coalesced block reads, reduction in
+    /// workgroup memory (portable).
+    Wg,
+    /// `mul_mat_sg.wgsl`: as `Wg`, reduced with `subgroupAdd` (needs subgroups).
+    Sg,
+}
+
+impl Variant {
+    pub const ALL: [Variant; 5] = [
+        Variant::Row,
+        Variant::Win,
+        Variant::WinU,
+        Variant::Wg,
+        Variant::Sg,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Row => "row",
+            Variant::Win => "win",
+            Variant::WinU => "winu",
+            Variant::Wg => "wg",
+            Variant::Sg => "sg",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Variant> {
+        Variant::ALL
+            .into_iter()
+            .find(|v| v.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    /// Name of the kernel in the shader table.
+    pub fn shader(self) -> &'static str {
+        match self {
+            Variant::Row => "mul_mat",
+            Variant::Win => "mul_mat_win",
+            Variant::WinU => "mul_mat_winu",
+            Variant::Wg => "mul_mat_wg",
+            Variant::Sg => "mul_mat_sg",
+        }
+    }
+
+    /// Whether `ctx` can run this variant.
+    pub fn available(self, ctx: &GpuContext) -> bool {
+        self != Variant::Sg || ctx.has_subgroups
+    }
+}
+
+/// Environment variable that overrides the per-device choice (`row`, `win`, `winu`,
+/// `wg`, `sg`).
+pub const VARIANT_ENV: &str = "WGLLM_MUL_MAT";
+
+/// The variant `mul_mat::gpu` uses on `ctx`: `WGLLM_MUL_MAT` if set, else
+/// [`default_variant`].
+pub fn variant(ctx: &GpuContext) -> Result<Variant> {
+    let Ok(want) = std::env::var(VARIANT_ENV) else {
+        return Ok(default_variant(ctx));
+    };
+    let v = Variant::parse(&want).ok_or_else(|| {
+        let names: Vec<&str> = Variant::ALL.iter().map(|v| v.name()).collect();
+        Error::invalid(format!(
+            "{VARIANT_ENV}={want:?}: expected one of {}",
+            names.join(", ")
+        ))
+    })?;
+    if !v.available(ctx) {
+        return Err(Error::Unsupported(format!(
+            "{VARIANT_ENV}={want}: {} has no subgroup support",
+            ctx.info.name
+        )));
+    }
+    Ok(v)
+}
+
+/// The measured best per kind of device (docs/perf.md): CPU-hosted drivers run one
+/// SIMD lane per invocation and pay per load, so the windowed per-row walk wins there;
+/// real GPUs want coalesced reads and a subgroup reduction.
+pub fn default_variant(ctx: &GpuContext) -> Variant {
+    if ctx.info.device_type == wgpu::DeviceType::Cpu {
+        Variant::WinU
+    } else if ctx.has_subgroups {
+        Variant::Sg
+    } else {
+        Variant::Wg
+    }
+}
+
+/// Workgroup size of the row-per-workgroup variants.
+const ROW_WG: u32 = 64;
+
 pub(crate) fn pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
+    v: Variant,
 ) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
-    let label = format!("mul_mat_{ty}");
-    ctx.pipelines
-        .get(&ctx.device, &label, &[("WG", WG as f64)], || {
-            crate::gpu::shaders::quant_source("mul_mat", ty)
+    let label = format!("{}_{ty}", v.shader());
+    let consts: Vec<(&str, f64)> = match v {
+        Variant::Row => vec![("WG", WG as f64)],
+        Variant::Win | Variant::WinU => {
+            vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
+        }
+        Variant::Wg | Variant::Sg => vec![("WG", ROW_WG as f64)],
+    };
+    ctx.pipelines.get(&ctx.device, &label, &consts, || {
+        crate::gpu::shaders::quant_source(v.shader(), ty)
+    })
+}
+
+/// How `mul_mat_win` walks a row of type `ty`: windows of whole blocks, at most
+/// `WIN_MAX` bytes so that the window, its misalignment (< 16 bytes) and one straddling
+/// word fit the kernel's 256-byte private array.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// 32-element chunks per window.
+    pub chunks: u32,
+    /// Bytes of W per window.
+    pub bytes: u32,
+    /// vec4 loads per window.
+    pub nv: u32,
+}
+
+const WIN_ARRAY_BYTES: u64 = 256;
+const WIN_MAX: u64 = WIN_ARRAY_BYTES - 15 - 4;
+
+impl Window {
+    pub fn of(ty: GgmlType) -> Result<Window> {
+        // A unit is one chunk, or one block when blocks are larger (K types: 256).
+        let unit = (ty.block_size() as u64).max(32);
+        let unit_bytes = ty
+            .row_bytes(unit)
+            .ok_or_else(|| Error::Unsupported(format!("mul_mat_win for {ty}")))?;
+        if unit_bytes > WIN_MAX {
+            return Err(Error::Unsupported(format!(
+                "mul_mat_win: {ty} blocks of {unit_bytes} bytes exceed the window"
+            )));
+        }
+        let units = WIN_MAX / unit_bytes;
+        let bytes = units * unit_bytes;
+        // Rows and windows are whole units, so windows start on 16-byte boundaries when
+        // units are multiples of 16 bytes; otherwise allow for up to 15 bytes before.
+        let misalign = if unit_bytes % 16 == 0 { 0 } else { 15 };
+        Ok(Window {
+            chunks: (units * unit / 32) as u32,
+            bytes: bytes as u32,
+            nv: (misalign + bytes + 4).div_ceil(16) as u32,
         })
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct WinParams {
+    base: Params,
+    win_chunks: u32,
+    win_bytes: u32,
+    tok0: u32,
+    tok_n: u32,
+    _pad: u32,
+}
+
+/// Parameters of `mul_mat_xcopy`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct CopyParams {
+    x_stride: u32,
+    tok0: u32,
+    tok_n: u32,
+    last_only: u32,
+}
+
+/// Bytes of the uniform activation buffer of `WinU` (the WGSL array is 4096 vec4s).
+const XU_BYTES: u64 = 65536;
+
+/// Output tokens per uniform-buffer load for rows of `n_cols`, 0 if not even one fits.
+fn tokens_per_xu(ctx: &GpuContext, n_cols: u64) -> u64 {
+    let cap = XU_BYTES.min(ctx.limits.max_uniform_buffer_binding_size as u64);
+    cap / (n_cols * 4).max(1)
 }
 
 /// y = W x; W: [n_cols, n_rows] (any part layout), x: [n_cols, n_tokens], y: [n_rows, ..].
-/// One dispatch per part of W.
+/// One dispatch per part of W, with the variant [`variant`] picks for `ctx`.
 pub fn gpu(
     ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    cols: Columns,
+) -> Result<Vec<Dispatch>> {
+    gpu_variant(ctx, variant(ctx)?, step, w, x, y, cols)
+}
+
+/// [`gpu`] with an explicit variant (tests, benchmarks).
+pub fn gpu_variant(
+    ctx: &GpuContext,
+    v: Variant,
     step: &wgpu::Buffer,
     w: &GpuTensor,
     x: &wgpu::Buffer,
@@ -56,7 +251,25 @@ pub fn gpu(
             w.n_cols()
         )));
     }
-    let pipe = pipeline(ctx, w.ty)?;
+    if !v.available(ctx) {
+        return Err(Error::Unsupported(format!(
+            "mul_mat variant {} on {}",
+            v.name(),
+            ctx.info.name
+        )));
+    }
+    let per_xu = tokens_per_xu(ctx, w.n_cols());
+    if v == Variant::WinU && per_xu > 0 {
+        return gpu_winu(ctx, step, w, x, y, cols, per_xu);
+    }
+    // Rows too long for the uniform buffer: the same walk with storage activations.
+    let v = if v == Variant::WinU { Variant::Win } else { v };
+    let pipe = pipeline(ctx, w.ty, v)?;
+    let window = match v {
+        Variant::Win => Some(Window::of(w.ty)?),
+        _ => None,
+    };
+    let max_groups = ctx.limits.max_compute_workgroups_per_dimension.max(1);
     let mut out = Vec::new();
     for part in &w.parts {
         let p = Params {
@@ -71,15 +284,126 @@ pub fn gpu(
         };
         let n_rows = part.n_rows;
         let label = format!("mul_mat {}", w.name);
+        let buffers = [&part.buffer, x, y];
+        let d = match (v, window) {
+            (Variant::Win, Some(win)) => {
+                let wp = WinParams {
+                    base: p,
+                    win_chunks: win.chunks,
+                    win_bytes: win.bytes,
+                    tok0: 0,
+                    tok_n: u32::MAX,
+                    _pad: 0,
+                };
+                dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| {
+                    [groups(n_rows, WG), 1, 1]
+                })?
+            }
+            (Variant::Wg | Variant::Sg, _) => {
+                // One workgroup per row; rows past the per-dimension limit fold into y.
+                let gx = n_rows.min(max_groups);
+                let gy = n_rows.div_ceil(gx.max(1));
+                dispatch(ctx, &label, pipe.clone(), step, &p, &buffers, move |_| {
+                    [gx, gy, 1]
+                })?
+            }
+            _ => dispatch(ctx, &label, pipe.clone(), step, &p, &buffers, move |_| {
+                [groups(n_rows, WG), 1, 1]
+            })?,
+        };
+        out.push(d);
+    }
+    Ok(out)
+}
+
+/// `WinU`: per load of the uniform buffer, a copy of the next `per_xu` output tokens
+/// activations, then one dispatch per part of W. Enough loads are recorded for the
+/// largest batch `x` holds; those past a step's tokens have empty grids.
+fn gpu_winu(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    cols: Columns,
+    per_xu: u64,
+) -> Result<Vec<Dispatch>> {
+    let pipe = pipeline(ctx, w.ty, Variant::WinU)?;
+    let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
+    let win = Window::of(w.ty)?;
+    let col_bytes = w.n_cols() * 4;
+    let max_tokens = match cols {
+        Columns::Last => 1,
+        Columns::All => (x.size() / col_bytes).max(1),
+    };
+    // The copy writes xu as storage and the matmul then reads it as a uniform.
+    let xu = ctx.scoped("allocating the mul_mat activation uniform", || {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("mul_mat x uniform"),
+            size: XU_BYTES,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM,
+            mapped_at_creation: false,
+        })
+    })?;
+    let x_stride = (w.n_cols() / 4) as u32;
+    let last_only = (cols == Columns::Last) as u32;
+    let tok_n = per_xu as u32;
+    let mut out = Vec::new();
+    for k in 0..max_tokens.div_ceil(per_xu) as u32 {
+        let tok0 = k * tok_n;
+        let first = move |s: &StepInfo| {
+            if last_only != 0 {
+                s.n_tokens.saturating_sub(1)
+            } else {
+                0
+            }
+        };
+        let live = move |s: &StepInfo| tok0 < s.n_tokens - first(s).min(s.n_tokens);
+        let cp = CopyParams {
+            x_stride,
+            tok0,
+            tok_n,
+            last_only,
+        };
+        let n_copy = tok_n * x_stride;
         out.push(dispatch(
             ctx,
-            &label,
-            pipe.clone(),
+            &format!("mul_mat x copy {}", w.name),
+            copy.clone(),
             step,
-            &p,
-            &[&part.buffer, x, y],
-            move |_| [groups(n_rows, WG), 1, 1],
+            &cp,
+            &[x, &xu],
+            move |s| [if live(s) { groups(n_copy, WG) } else { 0 }, 1, 1],
         )?);
+        for part in &w.parts {
+            let wp = WinParams {
+                base: Params {
+                    n_rows: part.n_rows,
+                    n_cols: w.n_cols() as u32,
+                    row_bytes: w.row_bytes as u32,
+                    row0: part.row0,
+                    x_stride,
+                    y_stride: w.n_rows() as u32,
+                    last_only,
+                    _pad: 0,
+                },
+                win_chunks: win.chunks,
+                win_bytes: win.bytes,
+                tok0,
+                tok_n,
+                _pad: 0,
+            };
+            let n_rows = part.n_rows;
+            out.push(dispatch(
+                ctx,
+                &format!("mul_mat {}", w.name),
+                pipe.clone(),
+                step,
+                &wp,
+                &[&part.buffer, &xu, y],
+                move |s| [if live(s) { groups(n_rows, WG) } else { 0 }, 1, 1],
+            )?);
+        }
     }
     Ok(out)
 }

@@ -1,0 +1,136 @@
+//! Choosing where a model runs: all layers on the GPU, all on the CPU, or split with
+//! `--gpu-layers N` as llama.cpp splits: the last N repeating layers on the GPU, the
+//! token embedding on the CPU, and the output layer on the GPU only when N exceeds the
+//! number of repeating layers. Each layer's KV cache lives where the layer runs, and
+//! the residual stream crosses the boundary once per direction per step.
+
+use std::sync::Arc;
+
+use crate::cpu::backend::CpuModel;
+use crate::gguf::GgufFile;
+use crate::gpu::{DeviceOptions, GpuContext};
+use crate::model::gpu_backend::{GpuModel, Input, LoadOptions, Logits, Output};
+use crate::model::Config;
+use crate::session::Engine;
+use crate::{Error, Result};
+
+#[derive(Clone, Debug)]
+pub struct EngineOptions {
+    pub n_ctx: u32,
+    pub n_batch: u32,
+    /// Layers on the GPU (`None`: all, with the output layer). 0 needs no GPU at all.
+    pub gpu_layers: Option<u32>,
+    /// CPU threads (0: one per core).
+    pub threads: usize,
+    pub device: DeviceOptions,
+    pub progress: bool,
+    pub capture_attention: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            n_ctx: 4096,
+            n_batch: 512,
+            gpu_layers: None,
+            threads: 0,
+            device: DeviceOptions::default(),
+            progress: false,
+            capture_attention: false,
+        }
+    }
+}
+
+/// Where the layers go for `gpu_layers` on a model of `n_layer` layers:
+/// (first GPU layer, whether the output layer runs on the GPU).
+pub fn split(n_layer: u32, gpu_layers: Option<u32>) -> (u32, bool) {
+    let ngl = gpu_layers.unwrap_or(u32::MAX);
+    let on_gpu = ngl.min(n_layer);
+    (n_layer - on_gpu, ngl > n_layer)
+}
+
+/// Load `file` onto the devices `opts` asks for.
+pub fn load_engine(
+    file: Arc<GgufFile>,
+    cfg: &Config,
+    opts: &EngineOptions,
+) -> Result<Box<dyn Engine>> {
+    let (first_gpu, head_gpu) = split(cfg.n_layer, opts.gpu_layers);
+    let cpu = |layers: std::ops::Range<u32>| {
+        CpuModel::load_layers(
+            file.clone(),
+            cfg.clone(),
+            layers,
+            opts.n_ctx,
+            opts.n_batch,
+            opts.threads,
+        )
+    };
+    if first_gpu == cfg.n_layer && !head_gpu {
+        return Ok(Box::new(cpu(0..cfg.n_layer)?));
+    }
+    let ctx = Arc::new(GpuContext::new(&opts.device)?);
+    let gpu_opts = |layers: std::ops::Range<u32>, head: bool| LoadOptions {
+        layers: Some(layers),
+        head,
+        n_ctx: opts.n_ctx,
+        n_batch: opts.n_batch,
+        progress: opts.progress,
+        capture_attention: opts.capture_attention,
+    };
+    if first_gpu == 0 && head_gpu {
+        let m = GpuModel::load(ctx, &file, cfg.clone(), &gpu_opts(0..cfg.n_layer, true))?;
+        return Ok(Box::new(m));
+    }
+    // The GPU part starts after the CPU layers (at least the embedding runs on the CPU).
+    let first_gpu = first_gpu.max(1).min(cfg.n_layer);
+    let gpu = GpuModel::load(
+        ctx,
+        &file,
+        cfg.clone(),
+        &gpu_opts(first_gpu..cfg.n_layer, head_gpu),
+    )?;
+    let cpu = cpu(0..first_gpu)?;
+    Ok(Box::new(Hybrid { cpu, gpu, head_gpu }))
+}
+
+/// The first layers (and the embedding) on the CPU, the rest on the GPU.
+pub struct Hybrid {
+    cpu: CpuModel,
+    gpu: GpuModel,
+    head_gpu: bool,
+}
+
+impl Engine for Hybrid {
+    fn config(&self) -> &Config {
+        &self.cpu.cfg
+    }
+
+    fn n_ctx(&self) -> u32 {
+        self.cpu.n_ctx.min(self.gpu.n_ctx)
+    }
+
+    fn max_batch(&self, mode: Logits) -> u32 {
+        let gpu = match (mode, self.head_gpu) {
+            (Logits::All, true) => self.gpu.max_batch_all_logits(),
+            _ => self.gpu.max_batch,
+        };
+        gpu.min(self.cpu.max_batch)
+    }
+
+    fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::invalid("a step needs at least one token"));
+        }
+        let hidden = self.cpu.step_to_hidden(tokens, pos)?;
+        if self.head_gpu {
+            return self
+                .gpu
+                .step_io(Input::Hidden(&hidden), pos, Output::Logits(mode));
+        }
+        let out = self
+            .gpu
+            .step_io(Input::Hidden(&hidden), pos, Output::Hidden)?;
+        self.cpu.head_from_hidden(&out, pos, mode)
+    }
+}

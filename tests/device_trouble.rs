@@ -1,0 +1,251 @@
+//! A GPU that is absent, small or out of memory: every case ends in a clear error (or,
+//! for a small binding limit, in the same results), never in a panic or an abort.
+//!
+//! Uses the real SmolLM2 model in `models/` and the first adapter (lavapipe here).
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use wgllm::gguf::GgufFile;
+use wgllm::gpu::{DeviceOptions, GpuContext};
+use wgllm::model::gpu_backend::{GpuModel, LoadOptions, Logits};
+use wgllm::model::Config;
+use wgllm::tokenizer::Tokenizer;
+
+fn model_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+/// `wgllm` with `args` and extra environment. The Vulkan loader's Wayland probe prints
+/// its own "error:" lines when XDG_RUNTIME_DIR is unset; give it a folder so the only
+/// error lines are the program's.
+fn wgllm(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let xdg = std::env::temp_dir().join(format!("wgllm-xdg-{}", std::process::id()));
+    std::fs::create_dir_all(&xdg).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgllm"));
+    cmd.args(args);
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        cmd.env("XDG_RUNTIME_DIR", &xdg);
+    }
+    cmd.envs(env.iter().copied());
+    cmd.output().unwrap()
+}
+
+/// Non-zero exit, no panic, and exactly one `error:` line, which is returned.
+fn one_error(out: &Output) -> String {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "exit 0; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("error: "))
+        .collect();
+    assert_eq!(errors.len(), 1, "want one error line: {stderr}");
+    errors[0].to_string()
+}
+
+fn load(opts: &DeviceOptions, n_ctx: u32) -> wgllm::Result<(GpuModel, Tokenizer)> {
+    let file = GgufFile::open(model_path())?;
+    let cfg = Config::from_metadata(file.metadata())?;
+    let tok = Tokenizer::from_gguf(file.metadata())?;
+    let ctx = Arc::new(GpuContext::new(opts)?);
+    let lo = LoadOptions {
+        n_ctx,
+        n_batch: 8,
+        ..Default::default()
+    };
+    Ok((GpuModel::load(ctx, &file, cfg, &lo)?, tok))
+}
+
+#[test]
+fn no_adapter_says_how_to_get_one() {
+    // DirectX 12 does not exist on Linux: the instance finds no adapter at all.
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let m = model_path();
+    let out = wgllm(
+        &[
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            "hi",
+            "-n",
+            "1",
+            "--quiet",
+        ],
+        &[("WGPU_BACKEND", "dx12")],
+    );
+    let err = one_error(&out);
+    assert!(err.contains("no GPU adapter found"), "{err}");
+    assert!(err.contains("Vulkan driver"), "{err}");
+    assert!(err.contains("--gpu-layers 0"), "{err}");
+    let out = wgllm(&["devices"], &[("WGPU_BACKEND", "dx12")]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("no GPU adapters found"), "{stdout}");
+}
+
+#[test]
+fn unknown_device_lists_the_adapters() {
+    let m = model_path();
+    let m = m.to_str().unwrap();
+    let out = wgllm(
+        &[
+            "run",
+            "-m",
+            m,
+            "-p",
+            "hi",
+            "--device",
+            "no-such-gpu",
+            "--quiet",
+        ],
+        &[],
+    );
+    let err = one_error(&out);
+    let names: Vec<String> = wgllm::gpu::context::list_adapters()
+        .into_iter()
+        .map(|a| a.info.name)
+        .collect();
+    assert!(!names.is_empty());
+    assert!(err.contains("no-such-gpu"), "{err}");
+    for n in &names {
+        assert!(err.contains(n.as_str()), "{err} does not list {n}");
+    }
+    let out = wgllm(
+        &["run", "-m", m, "-p", "hi", "--device", "99", "--quiet"],
+        &[],
+    );
+    let err = one_error(&out);
+    assert!(
+        err.contains("--device 99") && err.contains(&names[0]),
+        "{err}"
+    );
+}
+
+#[test]
+fn split_weights_give_the_same_logits() {
+    // A 256 KiB binding cap splits every matrix of SmolLM2 (the embedding into ~80
+    // parts); the split kernels must compute exactly what the whole tensors do.
+    let (mut whole, tok) = load(&DeviceOptions::default(), 16).unwrap();
+    let small = DeviceOptions {
+        max_binding: Some(256 << 10),
+        ..Default::default()
+    };
+    let (mut split, _) = load(&small, 16).unwrap();
+    let split_parts = split.ctx.max_binding();
+    assert_eq!(split_parts, 256 << 10);
+    let ids = tok
+        .encode("The capital of France is", false, false)
+        .unwrap();
+    let a = whole.step(&ids, 0, Logits::Last).unwrap();
+    let b = split.step(&ids, 0, Logits::Last).unwrap();
+    assert_eq!(a.len(), b.len());
+    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(
+        diff <= 1e-4 * scale,
+        "split logits differ by {diff} (max |logit| {scale})"
+    );
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map(|(i, _)| i)
+    };
+    assert_eq!(argmax(&a), argmax(&b));
+}
+
+#[test]
+fn limits_too_small_for_a_row_are_an_error() {
+    // wgpu's default limits still hold SmolLM2; a binding cap below one row of its
+    // embedding (360 bytes of Q4_1) cannot, and must say so.
+    let defaults = DeviceOptions {
+        default_limits: true,
+        ..Default::default()
+    };
+    let (mut m, tok) = load(&defaults, 8).unwrap();
+    assert!(m.ctx.limits.max_storage_buffer_binding_size <= 128 << 20);
+    let ids = tok.encode("Hi", false, false).unwrap();
+    m.step(&ids, 0, Logits::Last).unwrap();
+    let tiny = DeviceOptions {
+        default_limits: true,
+        max_binding: Some(1),
+        ..Default::default()
+    };
+    let err = load(&tiny, 8)
+        .err()
+        .expect("a 256-byte binding cannot hold a row");
+    let msg = err.to_string();
+    assert!(msg.contains("binding limit"), "{msg}");
+    assert!(msg.contains("token_embd.weight"), "{msg}");
+}
+
+#[test]
+fn an_absurd_context_is_a_clear_error() {
+    // 10^8 positions: the KV cache alone is 77 GB per layer.
+    let m = model_path();
+    let out = wgllm(
+        &[
+            "run",
+            "-m",
+            m.to_str().unwrap(),
+            "-p",
+            "hi",
+            "-c",
+            "100000000",
+            "-n",
+            "1",
+            "--quiet",
+        ],
+        &[],
+    );
+    let err = one_error(&out);
+    assert!(err.contains("GPU"), "{err}");
+    assert!(err.contains("lower -c"), "{err}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("larger than the model's trained context"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn validation_errors_are_caught_by_error_scopes() {
+    let ctx = GpuContext::new(&DeviceOptions::default()).unwrap();
+    // MAP_READ may only be combined with COPY_DST: a validation error, not an abort.
+    let r = ctx.scoped("a mappable storage buffer", || {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("bad usage"),
+            size: 256,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    });
+    let msg = r.err().expect("invalid usage must be reported").to_string();
+    assert!(msg.contains("a mappable storage buffer"), "{msg}");
+    // A buffer past the device's size limit.
+    let r = ctx.scoped("a huge buffer", || {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("huge"),
+            size: ctx.limits.max_buffer_size + 4,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        })
+    });
+    assert!(r.is_err());
+    // The device is still usable afterwards.
+    let ok = wgllm::gpu::upload::storage(&ctx, "after", 1024);
+    assert!(ok.is_ok());
+    assert!(!ctx.is_lost());
+    let err = wgllm::gpu::upload::storage(&ctx, "too big", ctx.limits.max_buffer_size + 4)
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("too big") && err.contains("limit"), "{err}");
+}

@@ -1,0 +1,179 @@
+//! Every `mul_mat` kernel variant against the CPU reference, for every GPU weight type
+//! (K-quants included), on every adapter the machine offers, with guard regions after
+//! the output; plus offline naga validation of the subgroup kernels.
+
+mod common;
+
+use common::*;
+use wgllm::gguf::TensorInfo;
+use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
+use wgllm::ops::mul_mat::{self, Columns, Variant, Window};
+use wgllm::ops::StepInfo;
+use wgllm::quant::{self, GgmlType};
+
+const GPU_TYPES: [GgmlType; 13] = [
+    GgmlType::F32,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+fn weight(ty: GgmlType, n_rows: usize, n_cols: usize, seed: u64) -> Vec<u8> {
+    let x = Rng::new(seed).vec(n_rows * n_cols, 1.0);
+    let mut out = Vec::new();
+    quant::quantize(ty, &x, &mut out).expect("quantize");
+    out
+}
+
+fn upload(ctx: &GpuContext, ty: GgmlType, n_rows: usize, n_cols: usize, bytes: &[u8]) -> GpuTensor {
+    let info = TensorInfo {
+        name: format!("w_{ty}"),
+        dims: vec![n_cols as u64, n_rows as u64],
+        ty,
+        offset: 0,
+        n_bytes: bytes.len() as u64,
+    };
+    GpuTensor::upload(ctx, &info, bytes).expect("upload")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check(
+    ctx: &GpuContext,
+    v: Variant,
+    ty: GgmlType,
+    n_rows: usize,
+    n_cols: usize,
+    n_tokens: usize,
+    cols: Columns,
+) {
+    let w = weight(ty, n_rows, n_cols, (n_rows * 17 + n_cols) as u64);
+    let x = Rng::new(5).vec(n_cols * n_tokens, 1.0);
+    let mut want = vec![0f32; n_rows * n_tokens];
+    mul_mat::reference(ty, &w, n_rows, n_cols, &x, n_tokens, &mut want).expect("reference");
+    if cols == Columns::Last {
+        want = want[(n_tokens - 1) * n_rows..].to_vec();
+    }
+    let gw = upload(ctx, ty, n_rows, n_cols, &w);
+    let step = StepInfo::new(0, n_tokens as u32);
+    let sb = step_buffer(ctx, &step);
+    let xb = buffer_with_guard(ctx, &x, 0);
+    let yb = buffer_with_guard(ctx, &vec![0.0; want.len()], 64);
+    let d = mul_mat::gpu_variant(ctx, v, &sb, &gw, &xb, &yb, cols).expect("build");
+    run(ctx, &d, &step);
+    let got = read_checked(ctx, &yb, want.len(), 64);
+    let e = nmse(&got, &want);
+    assert!(
+        e < 1e-10,
+        "mul_mat[{}] {ty} {n_rows}x{n_cols} x{n_tokens} {cols:?} on {}: nmse {e:e}",
+        v.name(),
+        label(ctx)
+    );
+}
+
+fn variants(ctx: &GpuContext) -> impl Iterator<Item = Variant> + '_ {
+    Variant::ALL.into_iter().filter(|v| v.available(ctx))
+}
+
+#[test]
+fn variants_small_block_types() {
+    for ctx in contexts() {
+        for v in variants(ctx) {
+            for ty in GPU_TYPES.into_iter().filter(|t| t.block_size() <= 32) {
+                // 576 columns: 18 Q4_0 blocks, several windows with a short last one;
+                // odd row counts give rows that start at every alignment.
+                for (rows, cols, toks) in [(1, 32, 1), (67, 96, 1), (33, 576, 3), (257, 160, 9)] {
+                    check(ctx, v, ty, rows, cols, toks, Columns::All);
+                }
+                check(ctx, v, ty, 70, 64, 6, Columns::Last);
+            }
+        }
+    }
+}
+
+#[test]
+fn variants_k_quants() {
+    for ctx in contexts() {
+        for v in variants(ctx) {
+            for ty in GPU_TYPES.into_iter().filter(|t| t.block_size() == 256) {
+                for (rows, cols, toks) in [(1, 256, 1), (67, 512, 3), (33, 2048, 2), (65, 768, 9)] {
+                    check(ctx, v, ty, rows, cols, toks, Columns::All);
+                }
+                check(ctx, v, ty, 70, 512, 6, Columns::Last);
+            }
+        }
+    }
+}
+
+#[test]
+fn variants_split_weights() {
+    for ctx in contexts() {
+        let small = GpuContext::from_adapter(
+            ctx.adapter.clone(),
+            &DeviceOptions {
+                max_binding: Some(1024),
+                ..Default::default()
+            },
+        )
+        .expect("context");
+        for v in variants(&small) {
+            for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q6_K] {
+                let cols = if ty.block_size() == 256 { 256 } else { 64 };
+                check(&small, v, ty, 301, cols, 2, Columns::All);
+            }
+        }
+    }
+}
+
+#[test]
+fn window_fits_the_private_array() {
+    for ty in GPU_TYPES {
+        let w = Window::of(ty).expect("window");
+        assert!(w.nv >= 1 && w.nv <= 16, "{ty}: {w:?}");
+        assert!(
+            w.chunks >= 1 && w.bytes as u64 + 15 + 4 <= 256,
+            "{ty}: {w:?}"
+        );
+        // Whole blocks per window.
+        let bs = ty.block_size() as u64;
+        assert_eq!((w.chunks as u64 * 32) % bs, 0, "{ty}");
+        assert_eq!(
+            ty.row_bytes(w.chunks as u64 * 32),
+            Some(w.bytes as u64),
+            "{ty}"
+        );
+    }
+}
+
+#[test]
+fn variant_names_round_trip() {
+    for v in Variant::ALL {
+        assert_eq!(Variant::parse(v.name()), Some(v));
+        assert_eq!(Variant::parse(&v.name().to_uppercase()), Some(v));
+    }
+    assert_eq!(Variant::parse("nope"), None);
+}
+
+#[test]
+fn subgroup_shaders_validate() {
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    let shaders = wgllm::gpu::shaders::all_with_subgroups();
+    assert!(!shaders.is_empty());
+    for (label, src) in &shaders {
+        let module = naga::front::wgsl::parse_str(src)
+            .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(src)));
+        let mut v = Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP);
+        v.subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all());
+        v.validate(&module)
+            .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(src)));
+    }
+}

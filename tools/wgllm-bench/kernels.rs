@@ -1,0 +1,230 @@
+//! `wgllm-bench kernels`: every mul_mat variant per weight type over matrix shapes of
+//! real models, checked against the CPU reference before it is timed.
+
+use wgllm::gguf::TensorInfo;
+use wgllm::gpu::upload::{storage, storage_init};
+use wgllm::gpu::{GpuContext, GpuTensor};
+use wgllm::ops::mul_mat::{self, Columns, Variant};
+use wgllm::ops::StepInfo;
+use wgllm::quant::{self, GgmlType};
+use wgllm::{Error, Result};
+
+use crate::timing::{Samples, Timer};
+
+/// A weight shape: W is [k, n] in ggml order (rows of k elements, n rows).
+#[derive(Clone, Debug)]
+pub struct Shape {
+    pub name: &'static str,
+    pub k: u64,
+    pub n: u64,
+}
+
+pub fn shapes() -> Vec<Shape> {
+    let s = |name, k, n| Shape { name, k, n };
+    vec![
+        s("smollm2.ffn_up", 576, 1536),
+        s("smollm2.ffn_down", 1536, 576),
+        s("smollm2.output", 576, 49152),
+        s("gemma3.ffn_up", 640, 2048),
+        s("gemma3.ffn_down", 2048, 640),
+        s("gemma3.output", 640, 262144),
+        s("8b.attn_q", 4096, 4096),
+        s("8b.ffn_up", 4096, 14336),
+        s("8b.ffn_down", 14336, 4096),
+        s("8b.output", 4096, 128256),
+    ]
+}
+
+pub const DEFAULT_TYPES: [GgmlType; 6] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+];
+
+/// One measured (or rejected) case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub op: &'static str,
+    pub ty: GgmlType,
+    pub variant: Variant,
+    pub shape: String,
+    pub k: u64,
+    /// Rows actually run (big shapes are sub-sampled in quick mode).
+    pub n: u64,
+    pub n_full: u64,
+    pub batch: u32,
+    pub correct: bool,
+    pub nmse: f64,
+    pub samples: Option<Samples>,
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+impl Case {
+    pub fn secs(&self) -> Option<f64> {
+        self.samples.as_ref().map(|s| s.median())
+    }
+    pub fn gbps(&self) -> Option<f64> {
+        self.secs().map(|t| self.bytes as f64 / t / 1e9)
+    }
+    pub fn gflops(&self) -> Option<f64> {
+        self.secs().map(|t| self.flops as f64 / t / 1e9)
+    }
+}
+
+pub struct Plan {
+    pub types: Vec<GgmlType>,
+    pub variants: Vec<Variant>,
+    pub shapes: Vec<Shape>,
+    pub batches: Vec<u32>,
+    /// Largest weight run per case; bigger shapes keep only as many rows.
+    pub max_weight_bytes: u64,
+    pub warmup: usize,
+    pub reps: usize,
+}
+
+/// Distinct random rows; the matrix repeats them (quantizing a 4 GB matrix would take
+/// longer than the benchmark, and the kernels cannot tell).
+const DISTINCT_ROWS: u64 = 64;
+
+pub fn run(
+    ctx: &GpuContext,
+    timer: &Timer,
+    plan: &Plan,
+    mut each: impl FnMut(&Case),
+) -> Result<Vec<Case>> {
+    let mut out = Vec::new();
+    for shape in &plan.shapes {
+        for &ty in &plan.types {
+            if shape.k % (ty.block_size() as u64).max(32) != 0 {
+                continue;
+            }
+            let row_bytes = ty
+                .row_bytes(shape.k)
+                .ok_or_else(|| Error::invalid(format!("{ty}: {} columns", shape.k)))?;
+            let n = (plan.max_weight_bytes / row_bytes)
+                .clamp(DISTINCT_ROWS, shape.n.max(DISTINCT_ROWS))
+                .min(shape.n);
+            let w = weight(ty, shape.k, n)?;
+            let gw = upload(ctx, ty, shape.k, n, &w)?;
+            for &batch in &plan.batches {
+                for &v in &plan.variants {
+                    if !v.available(ctx) {
+                        continue;
+                    }
+                    let c = one(ctx, timer, plan, shape, ty, v, &w, &gw, n, batch)?;
+                    each(&c);
+                    out.push(c);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn weight(ty: GgmlType, k: u64, n: u64) -> Result<Vec<u8>> {
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let vals: Vec<f32> = (0..k * DISTINCT_ROWS.min(n))
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect();
+    let mut rows = Vec::new();
+    quant::quantize(ty, &vals, &mut rows)?;
+    let mut out = Vec::with_capacity(rows.len() * (n / DISTINCT_ROWS.min(n)) as usize + rows.len());
+    while (out.len() as u64) < rows.len() as u64 * n / DISTINCT_ROWS.min(n) {
+        out.extend_from_slice(&rows);
+    }
+    let rb = ty.row_bytes(k).unwrap_or(0) as usize;
+    out.truncate(rb * n as usize);
+    Ok(out)
+}
+
+fn upload(ctx: &GpuContext, ty: GgmlType, k: u64, n: u64, bytes: &[u8]) -> Result<GpuTensor> {
+    let info = TensorInfo {
+        name: format!("bench.{ty}"),
+        dims: vec![k, n],
+        ty,
+        offset: 0,
+        n_bytes: bytes.len() as u64,
+    };
+    GpuTensor::upload(ctx, &info, bytes)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn one(
+    ctx: &GpuContext,
+    timer: &Timer,
+    plan: &Plan,
+    shape: &Shape,
+    ty: GgmlType,
+    v: Variant,
+    w: &[u8],
+    gw: &GpuTensor,
+    n: u64,
+    batch: u32,
+) -> Result<Case> {
+    let k = shape.k as usize;
+    let x: Vec<f32> = (0..k * batch as usize)
+        .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
+        .collect();
+    let step = StepInfo::new(0, batch);
+    let sb = wgllm::ops::uniform_for_tests(ctx, &step);
+    let xb = storage_init(ctx, "bench x", &x);
+    let yb = storage(ctx, "bench y", n * batch as u64 * 4)?;
+    let ds = mul_mat::gpu_variant(ctx, v, &sb, gw, &xb, &yb, Columns::All)?;
+    let record = |pass: &mut wgpu::ComputePass<'_>| {
+        for d in &ds {
+            d.record(pass, &step);
+        }
+    };
+    // Correctness first: the distinct rows against the reference.
+    timer.time(ctx, 0, 1, &record)?;
+    let got: Vec<f32> = wgllm::gpu::readback::read_buffer(ctx, &yb, (n * batch as u64) as usize)?;
+    let rows = DISTINCT_ROWS.min(n) as usize;
+    let rb = ty.row_bytes(shape.k).unwrap_or(0) as usize;
+    let mut want = vec![0f32; rows * batch as usize];
+    mul_mat::reference(ty, &w[..rb * rows], rows, k, &x, batch as usize, &mut want)?;
+    let mut num = 0f64;
+    let mut den = 0f64;
+    for t in 0..batch as usize {
+        for r in 0..rows {
+            let g = got[t * n as usize + r] as f64;
+            let e = want[t * rows + r] as f64;
+            num += if g.is_finite() {
+                (g - e).powi(2)
+            } else {
+                f64::INFINITY
+            };
+            den += e * e;
+        }
+    }
+    let nmse = num / den.max(1e-30);
+    let correct = nmse < 1e-8;
+    let samples = if correct {
+        Some(timer.time(ctx, plan.warmup, plan.reps, &record)?)
+    } else {
+        None
+    };
+    Ok(Case {
+        op: "mul_mat",
+        ty,
+        variant: v,
+        shape: format!("{}x{}", shape.k, shape.n),
+        k: shape.k,
+        n,
+        n_full: shape.n,
+        batch,
+        correct,
+        nmse,
+        samples,
+        bytes: gw.n_bytes() + (shape.k + n) * batch as u64 * 4,
+        flops: 2 * shape.k * n * batch as u64,
+    })
+}

@@ -1,0 +1,266 @@
+//! The `kernels` subcommand's options and its table / JSON / CSV / comparison output.
+
+use std::collections::BTreeMap;
+
+use wgllm::ops::mul_mat::Variant;
+use wgllm::quant::GgmlType;
+use wgllm::{Error, Result};
+
+use crate::kernels::{self, Case, Plan};
+use crate::peak;
+use crate::timing::Timer;
+
+#[derive(clap::Args)]
+pub struct KernelArgs {
+    /// Only this op (mul_mat).
+    #[arg(long)]
+    op: Option<String>,
+    /// Weight types, comma separated (default: q4_0,q4_1,q8_0,q4_k,q6_k,f16).
+    #[arg(long = "type")]
+    types: Option<String>,
+    /// Shapes: KxN or part of a shape name (smollm2, 8b.ffn_up), comma separated.
+    #[arg(long)]
+    shape: Option<String>,
+    /// Variants, comma separated (default: every one the device runs).
+    #[arg(long)]
+    variant: Option<String>,
+    /// Batch sizes, comma separated.
+    #[arg(long, default_value = "1,16,64")]
+    batch: String,
+    /// Adapter index or name substring.
+    #[arg(long)]
+    device: Option<String>,
+    /// Run every shape whole instead of capping the weight at 16 MiB.
+    #[arg(long)]
+    full: bool,
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    #[arg(long)]
+    json: bool,
+    #[arg(long)]
+    csv: bool,
+    /// Variants side by side, as time ratios to the first variant listed.
+    #[arg(long)]
+    compare: bool,
+    /// Time with the host clock even when timestamp queries exist.
+    #[arg(long)]
+    host_clock: bool,
+}
+
+fn list<T>(s: &Option<String>, parse: impl Fn(&str) -> Result<T>) -> Result<Option<Vec<T>>> {
+    s.as_ref()
+        .map(|s| s.split(',').filter(|p| !p.is_empty()).map(&parse).collect())
+        .transpose()
+}
+
+fn parse_type(s: &str) -> Result<GgmlType> {
+    GgmlType::ALL
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+        .ok_or_else(|| Error::invalid(format!("unknown type {s:?}")))
+}
+
+fn parse_variant(s: &str) -> Result<Variant> {
+    Variant::parse(s).ok_or_else(|| Error::invalid(format!("unknown variant {s:?}")))
+}
+
+pub fn run_kernels(a: &KernelArgs) -> Result<()> {
+    if let Some(op) = &a.op {
+        if op != "mul_mat" {
+            return Err(Error::invalid(format!(
+                "--op {op}: only mul_mat is benchmarked"
+            )));
+        }
+    }
+    let ctx = crate::context(&a.device)?;
+    let timer = Timer::new(&ctx, !a.host_clock);
+    let shapes: Vec<kernels::Shape> = match &a.shape {
+        None => kernels::shapes(),
+        Some(f) => kernels::shapes()
+            .into_iter()
+            .filter(|s| {
+                f.split(',')
+                    .any(|p| p == format!("{}x{}", s.k, s.n) || s.name.contains(p))
+            })
+            .collect(),
+    };
+    let plan = Plan {
+        types: list(&a.types, parse_type)?.unwrap_or(kernels::DEFAULT_TYPES.to_vec()),
+        variants: list(&a.variant, parse_variant)?.unwrap_or(Variant::ALL.to_vec()),
+        shapes,
+        batches: a
+            .batch
+            .split(',')
+            .map(|b| {
+                b.trim()
+                    .parse::<u32>()
+                    .map_err(|_| Error::invalid(format!("--batch {b}")))
+            })
+            .collect::<Result<_>>()?,
+        max_weight_bytes: if a.full { u64::MAX } else { 16 << 20 },
+        warmup: 1,
+        reps: a.reps,
+    };
+    let pk = peak::peak(&ctx, &timer, 64 << 20, 3)?;
+    let peak_gbps = pk.gbps();
+    let quiet = a.json || a.csv || a.compare;
+    if !quiet {
+        println!("device: {}", ctx.describe());
+        println!(
+            "peak read: {:.2} GB/s ({}), clock: {}",
+            peak_gbps,
+            pk.pattern.name(),
+            if pk.samples.gpu_clock {
+                "GPU timestamps"
+            } else {
+                "host"
+            }
+        );
+        println!("| op | type | variant | shape | rows run | batch | ms | spread | GB/s | GFLOP/s | % peak |");
+        println!("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    }
+    let cases = kernels::run(&ctx, &timer, &plan, |c| {
+        if !quiet {
+            println!("{}", row(c, peak_gbps));
+        }
+    })?;
+    if a.json {
+        println!("{}", json(&ctx, &pk, &cases));
+    } else if a.csv {
+        print!("{}", csv(&cases, peak_gbps));
+    } else if a.compare {
+        print!("{}", compare(&cases, &plan.variants));
+    }
+    Ok(())
+}
+
+fn row(c: &Case, peak: f64) -> String {
+    match (&c.samples, c.correct) {
+        (Some(s), true) => format!(
+            "| {} | {} | {} | {} | {} | {} | {:.3} | {:.0}% | {:.2} | {:.2} | {:.1}% |",
+            c.op,
+            c.ty,
+            c.variant.name(),
+            c.shape,
+            c.n,
+            c.batch,
+            s.median() * 1e3,
+            s.spread() * 100.0,
+            c.gbps().unwrap_or(0.0),
+            c.gflops().unwrap_or(0.0),
+            c.gbps().unwrap_or(0.0) / peak * 100.0
+        ),
+        _ => format!(
+            "| {} | {} | {} | {} | {} | {} | WRONG (nmse {:.1e}) | | | | |",
+            c.op,
+            c.ty,
+            c.variant.name(),
+            c.shape,
+            c.n,
+            c.batch,
+            c.nmse
+        ),
+    }
+}
+
+fn json(ctx: &wgllm::gpu::GpuContext, pk: &peak::PeakResult, cases: &[Case]) -> String {
+    let peak = pk.gbps();
+    let rows: Vec<serde_json::Value> = cases
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "op": c.op,
+                "type": c.ty.name(),
+                "variant": c.variant.name(),
+                "shape": c.shape,
+                "k": c.k,
+                "n": c.n_full,
+                "rows_run": c.n,
+                "batch": c.batch,
+                "status": if c.correct { "ok" } else { "WRONG" },
+                "nmse": c.nmse,
+                "median_ms": c.secs().map(|t| t * 1e3),
+                "min_ms": c.samples.as_ref().map(|s| s.min() * 1e3),
+                "max_ms": c.samples.as_ref().map(|s| s.max() * 1e3),
+                "reps": c.samples.as_ref().map(|s| s.secs.len()),
+                "bytes": c.bytes,
+                "flops": c.flops,
+                "gb_s": c.gbps(),
+                "gflop_s": c.gflops(),
+                "pct_peak": c.gbps().map(|g| g / peak * 100.0),
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "device": ctx.info.name,
+        "backend": format!("{:?}", ctx.info.backend),
+        "driver": format!("{} {}", ctx.info.driver, ctx.info.driver_info),
+        "clock": if pk.samples.gpu_clock { "gpu_timestamp" } else { "host" },
+        "peak": { "pattern": pk.pattern.name(), "gb_s": peak },
+        "results": rows,
+    });
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+fn csv(cases: &[Case], peak: f64) -> String {
+    let mut s = String::from(
+        "op,type,variant,shape,rows_run,batch,status,median_ms,gb_s,gflop_s,pct_peak\n",
+    );
+    for c in cases {
+        let f = |v: Option<f64>| v.map(|v| format!("{v:.4}")).unwrap_or_default();
+        s.push_str(&format!(
+            "{},{},{},{},{},{},{},{},{},{},{}\n",
+            c.op,
+            c.ty,
+            c.variant.name(),
+            c.shape,
+            c.n,
+            c.batch,
+            if c.correct { "ok" } else { "WRONG" },
+            f(c.secs().map(|t| t * 1e3)),
+            f(c.gbps()),
+            f(c.gflops()),
+            f(c.gbps().map(|g| g / peak * 100.0)),
+        ));
+    }
+    s
+}
+
+/// One line per (type, shape, batch); one column per variant: ms, and the ratio of the
+/// first variant's time to this one's (above 1: faster).
+fn compare(cases: &[Case], variants: &[Variant]) -> String {
+    let mut by: BTreeMap<(String, String, u32), Vec<&Case>> = BTreeMap::new();
+    for c in cases {
+        by.entry((c.ty.to_string(), c.shape.clone(), c.batch))
+            .or_default()
+            .push(c);
+    }
+    let mut s = String::from("| type | shape | batch |");
+    for v in variants {
+        s.push_str(&format!(" {} |", v.name()));
+    }
+    s.push_str("\n|---|---|---:|");
+    s.push_str(&"---:|".repeat(variants.len()));
+    s.push('\n');
+    for ((ty, shape, batch), cs) in by {
+        let base = variants
+            .first()
+            .and_then(|v| cs.iter().find(|c| c.variant == *v))
+            .and_then(|c| c.secs());
+        s.push_str(&format!("| {ty} | {shape} | {batch} |"));
+        for v in variants {
+            let cell = match cs.iter().find(|c| c.variant == *v) {
+                Some(c) if !c.correct => "WRONG".to_string(),
+                Some(c) => match (c.secs(), base) {
+                    (Some(t), Some(b)) => format!("{:.3} ms ({:.2}x)", t * 1e3, b / t),
+                    (Some(t), None) => format!("{:.3} ms", t * 1e3),
+                    _ => String::new(),
+                },
+                None => "-".to_string(),
+            };
+            s.push_str(&format!(" {cell} |"));
+        }
+        s.push('\n');
+    }
+    s
+}
