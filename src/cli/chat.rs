@@ -42,7 +42,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
     let mut m = load(&a.model, true)?;
     let (template, bos_text) = {
         let tok = &m.tokenizer;
-        let text_of = |id: Option<u32>| id.map(|i| tok.token_text(i).to_owned()).unwrap_or_default();
+        let text_of =
+            |id: Option<u32>| id.map(|i| tok.token_text(i).to_owned()).unwrap_or_default();
         let template = ChatTemplate::with_vocab(
             template_src.as_deref(),
             &arch,

@@ -316,16 +316,19 @@ impl GpuModel {
             head: opts.head,
         };
         m.body = m.record(|r, m| {
-            graph::embed(r, &m.cfg, &m.weights.token_embd, &m.scratch)?;
-            for (il, lw) in m.weights.layers.iter().enumerate() {
-                let lw = lw
-                    .as_ref()
-                    .ok_or_else(|| Error::model(format!("layer {il} missing")))?;
-                graph::layer(r, &m.cfg, il as u32, m.n_ctx, lw, &m.scratch)?;
+            if m.layers.start == 0 {
+                graph::embed(r, &m.cfg, &m.weights.token_embd, &m.scratch)?;
+            }
+            for il in m.layers.clone() {
+                let lw = m.weights.layers.get(il as usize).and_then(|l| l.as_ref());
+                let lw = lw.ok_or_else(|| Error::model(format!("layer {il} missing")))?;
+                graph::layer(r, &m.cfg, il, m.n_ctx, lw, &m.scratch)?;
             }
             Ok(())
         })?;
-        m.last.0 = m.record(|r, m| m.record_head(r, &m.last.1, Columns::Last))?;
+        if m.head {
+            m.last.0 = m.record(|r, m| m.record_head(r, &m.last.1, Columns::Last))?;
+        }
         Ok(m)
     }
 
