@@ -28,7 +28,11 @@ fn read_png(path: &Path) -> (u32, u32, Vec<u8>) {
     (info.width, info.height, buf)
 }
 
+/// `xvfb-run -a` picks a free display number racily: run one at a time.
+static XVFB: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn run_viz(args: &[&str]) -> std::process::Output {
+    let _one = XVFB.lock().unwrap_or_else(|e| e.into_inner());
     let xdg = std::env::temp_dir().join("wgllm-viz-test-xdg");
     std::fs::create_dir_all(&xdg).unwrap();
     Command::new("xvfb-run")
