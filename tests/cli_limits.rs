@@ -2,7 +2,8 @@
 //! than the context, generation past it, an empty prompt, a prompt of special tokens
 //! only, a context past the trained one, and Ctrl-C during generation.
 //!
-//! Generation on lavapipe is slow, so every case generates a handful of tokens at most.
+//! Every case runs on the CPU backend (`--gpu-layers 0`) and generates a few tokens at
+//! most.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
@@ -21,8 +22,18 @@ fn model() -> String {
 fn command(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgllm"));
     let m = model();
-    cmd.args(["run", "-m", &m, "--quiet", "--temp", "0"])
-        .args(args);
+    // The CPU backend: these cases are about the CLI, and it is the faster one here.
+    cmd.args([
+        "run",
+        "-m",
+        &m,
+        "--quiet",
+        "--temp",
+        "0",
+        "--gpu-layers",
+        "0",
+    ])
+    .args(args);
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         let xdg = std::env::temp_dir().join(format!("wgllm-xdg-{}", std::process::id()));
         std::fs::create_dir_all(&xdg).unwrap();

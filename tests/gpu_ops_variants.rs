@@ -170,7 +170,10 @@ fn subgroup_shaders_validate() {
     for (label, src) in &shaders {
         let module = naga::front::wgsl::parse_str(src)
             .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(src)));
-        let mut v = Validator::new(ValidationFlags::all(), Capabilities::SUBGROUP);
+        let mut v = Validator::new(
+            ValidationFlags::all(),
+            Capabilities::SHADER_FLOAT16_IN_FLOAT32 | Capabilities::SUBGROUP,
+        );
         v.subgroup_stages(naga::valid::ShaderStages::COMPUTE)
             .subgroup_operations(naga::valid::SubgroupOperationSet::all());
         v.validate(&module)

@@ -4,19 +4,23 @@
 use wgllm::gguf::{Metadata, Value};
 use wgllm::model::Config;
 
-/// The llama keys `Config::from_metadata` needs, for a 4-head model of width 32.
-fn llama_metadata() -> Metadata {
+/// The llama keys `Config::from_metadata` needs, for a 4-head model of width 32, with
+/// `over` replacing or adding keys.
+fn llama_metadata(over: &[(&str, Value)]) -> Metadata {
+    let base = [
+        ("general.architecture", Value::String("llama".into())),
+        ("llama.embedding_length", Value::U32(32)),
+        ("llama.feed_forward_length", Value::U32(64)),
+        ("llama.block_count", Value::U32(1)),
+        ("llama.attention.head_count", Value::U32(4)),
+        ("llama.vocab_size", Value::U32(10)),
+        ("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5)),
+    ];
     let mut md = Metadata::new();
-    let mut put = |k: &str, v: Value| {
+    // `insert` keeps the first value of a key: the overrides go in first.
+    for (k, v) in over.iter().cloned().chain(base) {
         md.insert(k.to_string(), v);
-    };
-    put("general.architecture", Value::String("llama".into()));
-    put("llama.embedding_length", Value::U32(32));
-    put("llama.feed_forward_length", Value::U32(64));
-    put("llama.block_count", Value::U32(1));
-    put("llama.attention.head_count", Value::U32(4));
-    put("llama.vocab_size", Value::U32(10));
-    put("llama.attention.layer_norm_rms_epsilon", Value::F32(1e-5));
+    }
     md
 }
 
@@ -29,7 +33,7 @@ fn config_error(md: &Metadata) -> String {
 
 #[test]
 fn base_metadata_is_accepted() {
-    let c = Config::from_metadata(&llama_metadata()).unwrap();
+    let c = Config::from_metadata(&llama_metadata(&[])).unwrap();
     assert_eq!((c.head_dim, c.q_dim(), c.kv_dim()), (8, 32, 32));
 }
 
@@ -37,20 +41,19 @@ fn base_metadata_is_accepted() {
 /// overflow checks, a wrapped size without).
 #[test]
 fn head_size_times_heads_overflowing_u32() {
-    let mut md = llama_metadata();
-    md.insert("llama.attention.head_count".into(), Value::U32(1 << 16));
-    md.insert("llama.attention.key_length".into(), Value::U32(1 << 16));
-    md.insert("llama.rope.dimension_count".into(), Value::U32(64));
-    let err = config_error(&md);
+    let big = |heads: u32, kv: u32, dim: u32| {
+        llama_metadata(&[
+            ("llama.attention.head_count", Value::U32(heads)),
+            ("llama.attention.head_count_kv", Value::U32(kv)),
+            ("llama.attention.key_length", Value::U32(dim)),
+            ("llama.rope.dimension_count", Value::U32(64)),
+        ])
+    };
+    let err = config_error(&big(1 << 16, 1 << 16, 1 << 16));
     assert!(err.contains("overflow"), "{err}");
-    // Overflow through the KV heads alone is caught too.
-    md.insert("llama.attention.head_count".into(), Value::U32(1));
-    md.insert("llama.attention.key_length".into(), Value::U32(1 << 31));
-    md.insert("llama.attention.head_count_kv".into(), Value::U32(1));
-    assert!(Config::from_metadata(&md).is_ok());
-    md.insert("llama.attention.head_count".into(), Value::U32(2));
-    md.insert("llama.attention.head_count_kv".into(), Value::U32(2));
-    let err = config_error(&md);
+    // One head of 2^31 fits; two do not.
+    assert!(Config::from_metadata(&big(1, 1, 1 << 31)).is_ok());
+    let err = config_error(&big(2, 2, 1 << 31));
     assert!(err.contains("overflow"), "{err}");
 }
 
@@ -58,8 +61,7 @@ fn head_size_times_heads_overflowing_u32() {
 /// zero-sized Q/K/V tensors expected from the file.
 #[test]
 fn key_length_zero() {
-    let mut md = llama_metadata();
-    md.insert("llama.attention.key_length".into(), Value::U32(0));
+    let md = llama_metadata(&[("llama.attention.key_length", Value::U32(0))]);
     let err = config_error(&md);
     assert!(err.contains("llama.attention.key_length is 0"), "{err}");
 }
@@ -68,8 +70,7 @@ fn key_length_zero() {
 /// about the `-c` option the user never gave.
 #[test]
 fn context_length_zero() {
-    let mut md = llama_metadata();
-    md.insert("llama.context_length".into(), Value::U32(0));
+    let md = llama_metadata(&[("llama.context_length", Value::U32(0))]);
     let err = config_error(&md);
     assert!(err.contains("llama.context_length is 0"), "{err}");
 }

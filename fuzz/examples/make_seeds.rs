@@ -86,7 +86,10 @@ fn bpe_vocab(w: &mut GgufWriter) -> usize {
     w.add("tokenizer.ggml.tokens", strings(&refs));
     w.add(
         "tokenizer.ggml.token_type",
-        Value::Array(ValueType::I32, t.types.iter().map(|&v| Value::I32(v)).collect()),
+        Value::Array(
+            ValueType::I32,
+            t.types.iter().map(|&v| Value::I32(v)).collect(),
+        ),
     );
     w.add("tokenizer.ggml.merges", strings(&merges));
     w.add("tokenizer.ggml.bos_token_id", Value::U32(n as u32 - 3));
@@ -105,9 +108,21 @@ fn spm_vocab(w: &mut GgufWriter) -> usize {
         types.push(6);
         scores.push(0.0);
     }
-    for (i, p) in ["▁", "▁h", "e", "l", "o", "▁hello", "ll", "▁w", "or", "ld", "<start_of_turn>"]
-        .iter()
-        .enumerate()
+    for (i, p) in [
+        "▁",
+        "▁h",
+        "e",
+        "l",
+        "o",
+        "▁hello",
+        "ll",
+        "▁w",
+        "or",
+        "ld",
+        "<start_of_turn>",
+    ]
+    .iter()
+    .enumerate()
     {
         tokens.push(p.to_string());
         types.push(if p.starts_with('<') { 3 } else { 1 });
@@ -150,17 +165,36 @@ fn model(s: &Shape, spm: bool) -> Res<GgufWriter> {
     w.add("general.architecture", Value::String(a.into()));
     w.add("general.name", Value::String(format!("tiny {a}")));
     w.add(&format!("{a}.context_length"), Value::U32(64));
-    w.add(&format!("{a}.embedding_length"), Value::U32(s.n_embd as u32));
-    w.add(&format!("{a}.feed_forward_length"), Value::U32(s.n_ff as u32));
+    w.add(
+        &format!("{a}.embedding_length"),
+        Value::U32(s.n_embd as u32),
+    );
+    w.add(
+        &format!("{a}.feed_forward_length"),
+        Value::U32(s.n_ff as u32),
+    );
     w.add(&format!("{a}.block_count"), Value::U32(s.n_layer as u32));
-    w.add(&format!("{a}.attention.head_count"), Value::U32(s.n_head as u32));
-    w.add(&format!("{a}.attention.head_count_kv"), Value::U32(s.n_head_kv as u32));
-    w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+    w.add(
+        &format!("{a}.attention.head_count"),
+        Value::U32(s.n_head as u32),
+    );
+    w.add(
+        &format!("{a}.attention.head_count_kv"),
+        Value::U32(s.n_head_kv as u32),
+    );
+    w.add(
+        &format!("{a}.attention.layer_norm_rms_epsilon"),
+        Value::F32(1e-5),
+    );
     w.add(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
     if a == "gemma3" {
         w.add(&format!("{a}.attention.sliding_window"), Value::U32(4));
     }
-    let n_vocab = if spm { spm_vocab(&mut w) } else { bpe_vocab(&mut w) } as u64;
+    let n_vocab = if spm {
+        spm_vocab(&mut w)
+    } else {
+        bpe_vocab(&mut w)
+    } as u64;
     let hd = s.n_embd / s.n_head;
     let (e, q, kv, ff) = (s.n_embd, hd * s.n_head, hd * s.n_head_kv, s.n_ff);
     let mut seed = 1;
@@ -243,8 +277,14 @@ fn values_file() -> Res<GgufWriter> {
         let n = ty.block_size().max(32) as u64 * 2;
         let x = values(n as usize, i as u64);
         let data = match ty {
-            GgmlType::F16 => x.iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect(),
-            GgmlType::BF16 => x.iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect(),
+            GgmlType::F16 => x
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            GgmlType::BF16 => x
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
             _ => encode(ty, &x)?,
         };
         w.add_tensor(&format!("t{i}.{ty}"), &[n / 2, 2], ty, data)?;
@@ -253,16 +293,37 @@ fn values_file() -> Res<GgufWriter> {
 }
 
 const TEXTS: &[(&str, &str)] = &[
-    ("english", "Hello world! The quick brown fox jumps over the lazy dog."),
-    ("chatml", "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"),
-    ("gemma_turn", "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n"),
-    ("code", "fn main() {\n    let x = vec![1, 2, 3];\n\tprintln!(\"{x:?}\");\n}\n"),
+    (
+        "english",
+        "Hello world! The quick brown fox jumps over the lazy dog.",
+    ),
+    (
+        "chatml",
+        "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n",
+    ),
+    (
+        "gemma_turn",
+        "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n<start_of_turn>model\n",
+    ),
+    (
+        "code",
+        "fn main() {\n    let x = vec![1, 2, 3];\n\tprintln!(\"{x:?}\");\n}\n",
+    ),
     ("numbers", "3.14159 1234567890 1,000,000 0x1F 2024-01-01"),
-    ("spaces", "  leading and   multiple    spaces\n\n\r\n\t end  "),
-    ("unicode", "héllo wörld ñ Ελληνικά русский 中文字符 日本語 한국어 🦀🎉👍🏽"),
+    (
+        "spaces",
+        "  leading and   multiple    spaces\n\n\r\n\t end  ",
+    ),
+    (
+        "unicode",
+        "héllo wörld ñ Ελληνικά русский 中文字符 日本語 한국어 🦀🎉👍🏽",
+    ),
     ("contractions", "I'm can't we'll they've it's DON'T"),
     ("special_like", "<|endoftext|><s></s><unk><bos> <|im_end|"),
-    ("combining", "e\u{301} a\u{30A} \u{200d}\u{fe0f} \u{feff}zero width"),
+    (
+        "combining",
+        "e\u{301} a\u{30A} \u{200d}\u{fe0f} \u{feff}zero width",
+    ),
 ];
 
 fn main() -> Res {
@@ -279,8 +340,10 @@ fn main() -> Res {
         matrix,
         tied,
     };
-    model(&llama(GgmlType::F32, false, 8, 2, 1), false)?.write_file(&gguf.join("llama_bpe_f32.gguf"))?;
-    model(&llama(GgmlType::Q8_0, true, 32, 4, 2), true)?.write_file(&gguf.join("llama_spm_q8_0.gguf"))?;
+    model(&llama(GgmlType::F32, false, 8, 2, 1), false)?
+        .write_file(&gguf.join("llama_bpe_f32.gguf"))?;
+    model(&llama(GgmlType::Q8_0, true, 32, 4, 2), true)?
+        .write_file(&gguf.join("llama_spm_q8_0.gguf"))?;
     let gemma = Shape {
         arch: "gemma3",
         n_embd: 8,
@@ -301,7 +364,10 @@ fn main() -> Res {
             std::fs::write(dir.join(name), text)?;
         }
         // Bytes that are not UTF-8: a lone continuation, a cut sequence, an overlong form.
-        std::fs::write(dir.join("invalid_utf8"), b"ab\x80cd\xe2\x82 \xc0\xaf\xff\xfe end")?;
+        std::fs::write(
+            dir.join("invalid_utf8"),
+            b"ab\x80cd\xe2\x82 \xc0\xaf\xff\xfe end",
+        )?;
     }
     println!("seeds written under {}", root.display());
     Ok(())

@@ -32,16 +32,35 @@ fuzz_target!(|data: &[u8]| {
     let md = file.metadata();
     for (key, value) in md.iter() {
         walk(value, 0);
-        let _ = (md.get_u32(key), md.get_u64(key), md.get_f32(key), md.get_bool(key));
-        let _ = (md.get_str(key), md.get_str_array(key), md.get_f32_array(key));
+        let _ = (
+            md.get_u32(key),
+            md.get_u64(key),
+            md.get_f32(key),
+            md.get_bool(key),
+        );
+        let _ = (
+            md.get_str(key),
+            md.get_str_array(key),
+            md.get_f32_array(key),
+        );
         let _ = (md.get_i32_array(key), md.get_u32_array(key));
     }
     let _ = md.architecture();
     for t in file.tensors() {
         let bytes = file.tensor_data(t);
-        assert_eq!(bytes.len() as u64, t.n_bytes, "tensor {} data length", t.name);
+        assert_eq!(
+            bytes.len() as u64,
+            t.n_bytes,
+            "tensor {} data length",
+            t.name
+        );
         assert!(file.tensor(&t.name).is_some());
-        assert_eq!(t.n_rows().saturating_mul(t.row_bytes()), t.n_bytes, "{}", t.name);
+        assert_eq!(
+            t.n_rows().saturating_mul(t.row_bytes()),
+            t.n_bytes,
+            "{}",
+            t.name
+        );
         let n = t.n_elements();
         if n <= MAX_DEQUANT {
             let mut out = vec![0f32; n as usize];

@@ -45,7 +45,10 @@ pub fn exercise_tokenizer(tok: &Tokenizer, data: &[u8], round_trip: bool) {
             Err(_) => continue,
         };
         for &id in &ids {
-            assert!((id as usize) < tok.n_vocab(), "id {id} outside the vocabulary");
+            assert!(
+                (id as usize) < tok.n_vocab(),
+                "id {id} outside the vocabulary"
+            );
             let _ = tok.token_text(id);
             let _ = tok.is_control(id);
             let _ = tok.is_eog(id);

@@ -1,5 +1,3 @@
-enable subgroups;
-
 // mul_mat, one workgroup per row, partial sums added with subgroupAdd and the
 // per-subgroup totals in workgroup memory. Body: mul_mat_row.wgsl.
 

@@ -23,11 +23,11 @@ struct Params {
     x_stride: u32,   // vec4s between activation columns
     y_stride: u32,   // floats between output columns
     last_only: u32,  // 1: only the batch's last token, written as column 0 (logits)
+    _pad0: u32,
     win_chunks: u32, // 32-element chunks per window (whole blocks)
     win_bytes: u32,  // bytes of W per window
     tok0: u32,       // first output token of this dispatch
     tok_n: u32,      // most output tokens of this dispatch
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;

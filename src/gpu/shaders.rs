@@ -131,7 +131,7 @@ pub fn needs_subgroups(name: &str) -> bool {
     QUANT_OPS
         .iter()
         .find(|(n, _)| *n == name)
-        .is_some_and(|(_, parts)| parts.iter().any(|p| p.contains("enable subgroups;")))
+        .is_some_and(|(_, parts)| parts.iter().any(|p| p.contains("subgroupAdd")))
 }
 
 fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {

@@ -199,7 +199,6 @@ struct WinParams {
     win_bytes: u32,
     tok0: u32,
     tok_n: u32,
-    _pad: u32,
 }
 
 /// Parameters of `mul_mat_xcopy`.
@@ -293,7 +292,6 @@ pub fn gpu_variant(
                     win_bytes: win.bytes,
                     tok0: 0,
                     tok_n: u32::MAX,
-                    _pad: 0,
                 };
                 dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| {
                     [groups(n_rows, WG), 1, 1]
@@ -391,7 +389,6 @@ fn gpu_winu(
                 win_bytes: win.bytes,
                 tok0,
                 tok_n,
-                _pad: 0,
             };
             let n_rows = part.n_rows;
             out.push(dispatch(
