@@ -444,8 +444,7 @@ fn cpu_logits_match_the_gpu_model() {
         &wgllm::model::gpu_backend::LoadOptions {
             n_ctx: 64,
             n_batch: 8,
-            progress: false,
-            capture_attention: false,
+            ..Default::default()
         },
     )
     .unwrap();

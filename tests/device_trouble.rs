@@ -250,7 +250,7 @@ fn validation_errors_are_caught_by_error_scopes() {
             mapped_at_creation: false,
         })
     });
-    let msg = r.err().expect("invalid usage must be reported").to_string();
+    let msg = r.expect_err("invalid usage must be reported").to_string();
     assert!(msg.contains("a mappable storage buffer"), "{msg}");
     // A buffer past the device's size limit.
     let r = ctx.scoped("a huge buffer", || {

@@ -77,8 +77,7 @@ fn greedy(
     n: usize,
 ) -> Vec<u32> {
     let mut logits = e.step(prompt, 0, Logits::Last).expect("prompt");
-    let mut out = Vec::new();
-    let mut pos = prompt.len() as u32;
+    let mut out: Vec<u32> = Vec::new();
     for _ in 0..n {
         let id = argmax(&logits);
         if tok.is_eog(id) {
@@ -88,8 +87,8 @@ fn greedy(
         if out.len() == n {
             break;
         }
+        let pos = (prompt.len() + out.len() - 1) as u32;
         logits = e.step(&[id], pos, Logits::Last).expect("step");
-        pos += 1;
     }
     out
 }

@@ -357,7 +357,9 @@ fn norm_weights_of_a_quantized_type_on_the_gpu() {
     // The CPU dequantizes one-dimensional weights of any type, so a Q8_0 norm is valid
     // there; the GPU kernel reads f32 and must refuse it rather than read raw blocks.
     let s = Spec::llama().tensor("blk.0.attn_norm.weight", &[N_EMBD], GgmlType::Q8_0);
-    let err = load_gpu(s.bytes()).err().expect("a Q8_0 norm on the GPU");
+    let Err(err) = load_gpu(s.bytes()) else {
+        panic!("a Q8_0 norm on the GPU must be refused")
+    };
     assert!(err.to_string().contains("blk.0.attn_norm.weight"), "{err}");
 }
 

@@ -28,7 +28,10 @@ fn every_shader_validates() {
             .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(src)));
         // Validate as the portable path (no f16 arithmetic, no subgroups) must run everywhere;
         // unpack2x16float is core WGSL, which naga files under this capability.
-        let mut v = Validator::new(ValidationFlags::all(), Capabilities::SHADER_FLOAT16_IN_FLOAT32);
+        let mut v = Validator::new(
+            ValidationFlags::all(),
+            Capabilities::SHADER_FLOAT16_IN_FLOAT32,
+        );
         let info = v
             .validate(&module)
             .unwrap_or_else(|e| panic!("{label}: {}", e.emit_to_string(src)));

@@ -5,9 +5,15 @@ use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
 use wgllm::tokenizer::Tokenizer;
+use wgllm_fuzz::RoundTrip;
 
-static TOKENIZER: LazyLock<Tokenizer> = LazyLock::new(|| wgllm_fuzz::load_tokenizer("gpt2"));
+static TOKENIZER: LazyLock<(Tokenizer, RoundTrip)> = LazyLock::new(|| {
+    let tok = wgllm_fuzz::load_tokenizer("gpt2");
+    let rt = RoundTrip::byte_level(&tok);
+    (tok, rt)
+});
 
 fuzz_target!(|data: &[u8]| {
-    wgllm_fuzz::exercise_tokenizer(&TOKENIZER, data, true);
+    let (tok, rt) = &*TOKENIZER;
+    wgllm_fuzz::exercise_tokenizer(tok, data, rt);
 });

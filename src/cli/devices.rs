@@ -30,7 +30,7 @@ pub fn run(args: DevicesArgs) -> wgllm::Result<()> {
         let l = &a.limits;
         println!(
             "    max storage binding: {} MiB, max buffer: {} MiB, workgroup storage: {} KiB, invocations: {}",
-            l.max_storage_buffer_binding_size as u64 >> 20,
+            l.max_storage_buffer_binding_size >> 20,
             l.max_buffer_size >> 20,
             l.max_compute_workgroup_storage_size >> 10,
             l.max_compute_invocations_per_workgroup

@@ -191,8 +191,10 @@ impl GpuContext {
 
     /// Largest range one storage binding may cover, in bytes.
     pub fn max_binding(&self) -> u64 {
-        let device =
-            (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size);
+        let device = self
+            .limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size);
         // Bindings must start at offsets aligned to this; keep part sizes multiples of it.
         let cap = self.binding_cap.unwrap_or(u64::MAX).max(256);
         device.min(cap)

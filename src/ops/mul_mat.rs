@@ -216,7 +216,7 @@ const XU_BYTES: u64 = 65536;
 
 /// Output tokens per uniform-buffer load for rows of `n_cols`, 0 if not even one fits.
 fn tokens_per_xu(ctx: &GpuContext, n_cols: u64) -> u64 {
-    let cap = XU_BYTES.min(ctx.limits.max_uniform_buffer_binding_size as u64);
+    let cap = XU_BYTES.min(ctx.limits.max_uniform_buffer_binding_size);
     cap / (n_cols * 4).max(1)
 }
 

@@ -14,6 +14,7 @@ pub struct Params {
 }
 
 /// y = rms_norm(x) * w over rows of `n`; x, y: [n, rows_per_token, n_tokens], w: [n].
+#[allow(clippy::too_many_arguments)]
 pub fn gpu(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
