@@ -352,7 +352,6 @@ fn absurd_sizes_fail_cleanly() {
 }
 
 #[test]
-#[ignore = "the GPU rms_norm binds any norm tensor as f32 without checking its type"]
 fn norm_weights_of_a_quantized_type_on_the_gpu() {
     // The CPU dequantizes one-dimensional weights of any type, so a Q8_0 norm is valid
     // there; the GPU kernel reads f32 and must refuse it rather than read raw blocks.

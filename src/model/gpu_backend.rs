@@ -131,6 +131,12 @@ impl Ops for Recorder<'_> {
 
 /// The buffer of a tensor that must fit one binding (norm weights).
 fn single(w: &GpuTensor) -> Result<&wgpu::Buffer> {
+    if w.ty != crate::quant::GgmlType::F32 {
+        return Err(Error::Unsupported(format!(
+            "tensor {}: {} norm weights (the GPU norm kernels read F32)",
+            w.name, w.ty
+        )));
+    }
     match w.parts.as_slice() {
         [p] => Ok(&p.buffer),
         _ => Err(Error::gpu(format!(
