@@ -208,8 +208,6 @@ fn limits_too_small_for_a_row_are_an_error() {
 }
 
 #[test]
-#[ignore = "after the GPU refuses the KV cache, the CLI retries with fewer GPU layers and the \
-            CPU KV cache (cpu::ops::KvCache::new) aborts on a 77 GB allocation"]
 fn an_absurd_context_is_a_clear_error() {
     // 10^8 positions: the KV cache alone is 77 GB per layer.
     let m = model_path();
@@ -229,7 +227,9 @@ fn an_absurd_context_is_a_clear_error() {
         &[],
     );
     let err = one_error(&out);
-    assert!(err.contains("GPU"), "{err}");
+    // Either the GPU refuses the buffer or, after offloading to the CPU, the CPU cache
+    // allocation does: both say what to change.
+    assert!(err.contains("GPU") || err.contains("KV cache"), "{err}");
     assert!(err.contains("lower -c"), "{err}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(

@@ -65,10 +65,9 @@ impl RoundTrip {
 
     fn expected(&self, text: &str) -> Vec<u8> {
         match self {
-            RoundTrip::ByteLevel(missing) => text
-                .bytes()
-                .filter(|&b| !missing[b as usize])
-                .collect(),
+            RoundTrip::ByteLevel(missing) => {
+                text.bytes().filter(|&b| !missing[b as usize]).collect()
+            }
             RoundTrip::SentencePiece => text.replace('\u{2581}', " ").into_bytes(),
         }
     }

@@ -146,9 +146,20 @@ impl KvCache {
         let n = kv_dim
             .checked_mul(n_ctx)
             .ok_or_else(|| Error::invalid("KV cache size overflows"))?;
+        // A context too large for memory is an error, not an abort. The zeroed pages come
+        // from the allocator lazily, so a large cache costs nothing until it is used.
+        let zeros = || -> Result<Vec<f32>> {
+            zeroed_f32(n).ok_or_else(|| {
+                Error::invalid(format!(
+                    "the KV cache for a context of {n_ctx} needs {} MiB per layer, more than \
+                     this machine can allocate; lower -c",
+                    (n as u64 * 8) >> 20
+                ))
+            })
+        };
         Ok(KvCache {
-            k: vec![0.0; n],
-            v: vec![0.0; n],
+            k: zeros()?,
+            v: zeros()?,
             kv_dim,
             n_ctx,
         })
@@ -254,4 +265,22 @@ pub fn attention(
         }
     });
     Ok(())
+}
+
+/// `n` zeros, or `None` when the allocation fails (instead of aborting).
+fn zeroed_f32(n: usize) -> Option<Vec<f32>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
+    // SAFETY: the layout has a non-zero size; on success the block holds `n` zeroed f32s
+    // allocated by the global allocator with exactly this layout, which is what
+    // Vec::from_raw_parts requires.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut f32;
+        if p.is_null() {
+            return None;
+        }
+        Some(Vec::from_raw_parts(p, n, n))
+    }
 }
