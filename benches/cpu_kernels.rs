@@ -11,21 +11,7 @@ use wgllm::cpu::matmul::{mul_mat_quantized, WeightView};
 use wgllm::cpu::pool::Pool;
 use wgllm::quant::{self, GgmlType};
 
-const TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
 
 fn values(n: usize, seed: u32) -> Vec<f32> {
     (0..n)

@@ -22,21 +22,7 @@ use wgllm::ops::glu::Activation;
 use wgllm::ops::rope::{Rope, RopeMode};
 use wgllm::quant::{self, GgmlType};
 
-const WEIGHT_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const WEIGHT_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
 
 fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2]

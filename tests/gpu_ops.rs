@@ -14,21 +14,7 @@ use wgllm::ops::rope::{Rope, RopeMode};
 use wgllm::ops::{add, get_rows, kv_store, rms_norm, StepInfo};
 use wgllm::quant::{self, GgmlType};
 
-const GPU_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const GPU_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
 
 /// GPU types whose rows may be any multiple of 32 long.
 fn small_block_types() -> impl Iterator<Item = GgmlType> {

@@ -11,21 +11,7 @@ use wgllm::ops::mul_mat::{self, Columns, Variant, Window};
 use wgllm::ops::StepInfo;
 use wgllm::quant::{self, GgmlType};
 
-const GPU_TYPES: [GgmlType; 13] = [
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-];
+const GPU_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
 
 fn weight(ty: GgmlType, n_rows: usize, n_cols: usize, seed: u64) -> Vec<u8> {
     let x = Rng::new(seed).vec(n_rows * n_cols, 1.0);

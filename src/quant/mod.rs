@@ -41,6 +41,24 @@ impl GgmlType {
         GgmlType::BF16,
     ];
 
+    /// The types model weights may be stored in: every backend (GPU kernels, CPU
+    /// kernels) runs all of them. Q8_1 and Q8_K only ever hold activations.
+    pub const WEIGHT_TYPES: [GgmlType; 13] = [
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+    ];
+
     /// The type for an on-disk id, or `None` for ids this engine does not know.
     pub fn from_id(id: u32) -> Option<GgmlType> {
         Self::ALL.iter().copied().find(|t| *t as u32 == id)
