@@ -12,12 +12,55 @@ fn w_u32(byte: u32) -> u32 {
     return (w[i] >> s) | (w[i + 1u] << (32u - s));
 }
 
-fn w_u16(byte: u32) -> u32 {
-    return w_u32(byte) & 0xffffu;
+// The f16 at an even byte (every GGUF block and every f16 field in one starts on an
+// even byte, so it never straddles words): one load.
+fn w_f16(byte: u32) -> f32 {
+    return unpack2x16float(w[byte >> 2u] >> ((byte & 2u) * 8u)).x;
 }
 
-fn w_f16(byte: u32) -> f32 {
-    return unpack2x16float(w_u16(byte)).x;
+// Consecutive u32 from byte offset `byte` with one aligned load per word plus one,
+// joined without a branch (a shift by 32 is a shift by 0 in WGSL, hence the select).
+// Straddling fields cost two loads each through `w_u32`; a run of N costs N + 1.
+fn w_join(a: u32, b: u32, s: u32) -> u32 {
+    return select((a >> s) | (b << (32u - s)), a, s == 0u);
+}
+
+fn w_u32x4(byte: u32) -> array<u32, 4> {
+    let i = byte >> 2u;
+    let s = (byte & 3u) * 8u;
+    let a0 = w[i];
+    let a1 = w[i + 1u];
+    let a2 = w[i + 2u];
+    let a3 = w[i + 3u];
+    let a4 = w[i + 4u];
+    return array<u32, 4>(w_join(a0, a1, s), w_join(a1, a2, s), w_join(a2, a3, s), w_join(a3, a4, s));
+}
+
+fn w_u32x5(byte: u32) -> array<u32, 5> {
+    let i = byte >> 2u;
+    let s = (byte & 3u) * 8u;
+    let a0 = w[i];
+    let a1 = w[i + 1u];
+    let a2 = w[i + 2u];
+    let a3 = w[i + 3u];
+    let a4 = w[i + 4u];
+    let a5 = w[i + 5u];
+    return array<u32, 5>(
+        w_join(a0, a1, s), w_join(a1, a2, s), w_join(a2, a3, s), w_join(a3, a4, s), w_join(a4, a5, s),
+    );
+}
+
+fn w_u32x8(byte: u32) -> array<u32, 8> {
+    let i = byte >> 2u;
+    let s = (byte & 3u) * 8u;
+    var o: array<u32, 8>;
+    var a = w[i];
+    for (var k = 0u; k < 8u; k++) {
+        let b = w[i + k + 1u];
+        o[k] = w_join(a, b, s);
+        a = b;
+    }
+    return o;
 }
 
 // Four signed bytes of `v` as floats.

@@ -3,6 +3,7 @@
 
 pub mod context;
 pub mod pipelines;
+pub mod profile;
 pub mod readback;
 pub mod shaders;
 pub mod upload;

@@ -52,26 +52,40 @@ impl Readback {
         if bytes == 0 {
             return Ok(Vec::new());
         }
-        let slice = self.staging.slice(0..bytes);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        ctx.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::gpu(format!("waiting for the GPU: {e}")))?;
-        rx.recv()
-            .map_err(|_| Error::gpu("readback callback never ran"))?
-            .map_err(|e| Error::gpu(format!("mapping a readback buffer: {e}")))?;
-        let out = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| Error::gpu(format!("reading back: {e}")))?;
-            bytemuck::cast_slice::<u8, T>(&view).to_vec()
-        };
-        self.staging.unmap();
-        Ok(out)
+        map_read(ctx, &self.staging, count)
     }
+}
+
+/// Wait for the work submitted so far, then return the first `count` values of the
+/// MAP_READ buffer `buffer` (which must hold them) and unmap it again.
+pub fn map_read<T: bytemuck::Pod>(
+    ctx: &GpuContext,
+    buffer: &wgpu::Buffer,
+    count: usize,
+) -> Result<Vec<T>> {
+    let bytes = (count * std::mem::size_of::<T>()) as u64;
+    if bytes == 0 {
+        return Ok(Vec::new());
+    }
+    let slice = buffer.slice(0..bytes);
+    let (tx, rx) = std::sync::mpsc::channel();
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| Error::gpu(format!("waiting for the GPU: {e}")))?;
+    rx.recv()
+        .map_err(|_| Error::gpu("readback callback never ran"))?
+        .map_err(|e| Error::gpu(format!("mapping a readback buffer: {e}")))?;
+    let out = {
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| Error::gpu(format!("reading back: {e}")))?;
+        bytemuck::cast_slice::<u8, T>(&view).to_vec()
+    };
+    buffer.unmap();
+    Ok(out)
 }
 
 /// Read `count` values of `T` from the start of `buffer` (a one-off, for tests and tools).

@@ -40,6 +40,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
     ("mul_mat_winu", &[MUL_MAT_WIN, wgsl!("ops/mul_mat_xu.wgsl")]),
     ("mul_mat_wg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_wg.wgsl")]),
     ("mul_mat_sg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_sg.wgsl")]),
+    ("mul_mat_ks", &[wgsl!("ops/mul_mat_ks.wgsl")]),
     ("get_rows", &[wgsl!("ops/get_rows.wgsl")]),
 ];
 

@@ -179,6 +179,8 @@ pub struct GpuModel {
     pub(crate) readback: Readback,
     pub(crate) layers: std::ops::Range<u32>,
     pub(crate) head: bool,
+    /// Per-kernel timing (`WGLLM_PROFILE=1`).
+    pub(crate) profiler: Option<crate::gpu::profile::Profiler>,
 }
 
 /// Options of [`GpuModel::load`].
@@ -320,6 +322,7 @@ impl GpuModel {
             readback,
             layers,
             head: opts.head,
+            profiler: None,
         };
         m.body = m.record(|r, m| {
             if m.layers.start == 0 {
@@ -335,6 +338,8 @@ impl GpuModel {
         if m.head {
             m.last.0 = m.record(|r, m| m.record_head(r, &m.last.1, Columns::Last))?;
         }
+        let n_dispatch = m.body.len() + m.last.0.len();
+        m.profiler = crate::gpu::profile::Profiler::from_env(&m.ctx, n_dispatch);
         Ok(m)
     }
 
@@ -479,7 +484,9 @@ impl GpuModel {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("step"),
             });
-        {
+        if let Some(prof) = self.profiler.as_mut() {
+            prof.record(&mut enc, self.body.iter().chain(head), &info);
+        } else {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("forward"),
                 timestamp_writes: None,
@@ -492,6 +499,9 @@ impl GpuModel {
             .record(&mut enc, out_buf, 0, count as u64 * 4)?;
         self.ctx.queue.submit([enc.finish()]);
         let out = self.readback.read(&self.ctx, count)?;
+        if let Some(prof) = self.profiler.as_mut() {
+            prof.collect(&self.ctx)?;
+        }
         if self.ctx.is_lost() {
             return Err(Error::gpu(
                 "the GPU device was lost; try again with --gpu-layers 0",

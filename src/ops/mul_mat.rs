@@ -46,15 +46,20 @@ pub enum Variant {
     Wg,
     /// `mul_mat_sg.wgsl`: as `Wg`, reduced with `subgroupAdd` (needs subgroups).
     Sg,
+    /// `mul_mat_ks.wgsl`: one subgroup per workgroup owning several rows, the row's
+    /// chunks split across its lanes, each activation chunk loaded once for all rows
+    /// (needs subgroups of a fixed size).
+    Ks,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 5] = [
+    pub const ALL: [Variant; 6] = [
         Variant::Row,
         Variant::Win,
         Variant::WinU,
         Variant::Wg,
         Variant::Sg,
+        Variant::Ks,
     ];
 
     pub fn name(self) -> &'static str {
@@ -64,6 +69,7 @@ impl Variant {
             Variant::WinU => "winu",
             Variant::Wg => "wg",
             Variant::Sg => "sg",
+            Variant::Ks => "ks",
         }
     }
 
@@ -81,12 +87,22 @@ impl Variant {
             Variant::WinU => "mul_mat_winu",
             Variant::Wg => "mul_mat_wg",
             Variant::Sg => "mul_mat_sg",
+            Variant::Ks => "mul_mat_ks",
         }
     }
 
     /// Whether `ctx` can run this variant.
     pub fn available(self, ctx: &GpuContext) -> bool {
-        self != Variant::Sg || ctx.has_subgroups
+        match self {
+            Variant::Sg => ctx.has_subgroups,
+            // One workgroup must be one whole subgroup, so the size must be fixed.
+            Variant::Ks => {
+                ctx.has_subgroups
+                    && ctx.subgroup_min_size == ctx.subgroup_max_size
+                    && ctx.subgroup_min_size >= 4
+            }
+            _ => true,
+        }
     }
 }
 
@@ -132,6 +148,9 @@ pub fn default_variant(ctx: &GpuContext) -> Variant {
 /// Workgroup size of the row-per-workgroup variants.
 const ROW_WG: u32 = 64;
 
+/// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
+const KS_ROWS: u32 = 8;
+
 pub(crate) fn pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
@@ -144,6 +163,7 @@ pub(crate) fn pipeline(
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
         }
         Variant::Wg | Variant::Sg => vec![("WG", ROW_WG as f64)],
+        Variant::Ks => vec![("WG", ctx.subgroup_min_size as f64)],
     };
     ctx.pipelines.get(&ctx.device, &label, &consts, || {
         crate::gpu::shaders::quant_source(v.shader(), ty)
@@ -295,6 +315,14 @@ pub fn gpu_variant(
                 };
                 dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| {
                     [groups(n_rows, WG), 1, 1]
+                })?
+            }
+            (Variant::Ks, _) => {
+                let n_wg = n_rows.div_ceil(KS_ROWS);
+                let gx = n_wg.min(max_groups);
+                let gy = n_wg.div_ceil(gx.max(1));
+                dispatch(ctx, &label, pipe.clone(), step, &p, &buffers, move |_| {
+                    [gx, gy, 1]
                 })?
             }
             (Variant::Wg | Variant::Sg, _) => {

@@ -6,21 +6,6 @@
 // 2 (j / 4) of byte 8 + j % 4. value = d * (sc - 32) * q.
 // 110 is not a multiple of 4: blocks start on even bytes, so reads straddle words.
 
-// Eight consecutive u32 from byte offset `byte`: 9 aligned loads, joined without a
-// branch (a shift by 32 is a shift by 0 in WGSL, hence the select).
-fn w_u32x8(byte: u32) -> array<u32, 8> {
-    let i = byte >> 2u;
-    let s = (byte & 3u) * 8u;
-    var o: array<u32, 8>;
-    var a = w[i];
-    for (var k = 0u; k < 8u; k++) {
-        let b = w[i + k + 1u];
-        o[k] = select((a >> s) | (b << (32u - s)), a, s == 0u);
-        a = b;
-    }
-    return o;
-}
-
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let s = c & 7u;
     let b = row_byte + (c >> 3u) * 110u;

@@ -4,11 +4,11 @@
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let b = row_byte + c * 18u;
     let d = w_f16(b);
+    let q = w_u32x4(b + 2u);
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        let q = w_u32(b + 2u + 4u * k);
-        o[k] = (lo4(q) - 8.0) * d;
-        o[k + 4u] = (hi4(q) - 8.0) * d;
+        o[k] = (lo4(q[k]) - 8.0) * d;
+        o[k + 4u] = (hi4(q[k]) - 8.0) * d;
     }
     return o;
 }

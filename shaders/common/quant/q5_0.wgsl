@@ -10,10 +10,11 @@ fn q5_high(qh: u32, j: u32) -> vec4<f32> {
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let b = row_byte + c * 22u;
     let d = w_f16(b);
-    let qh = w_u32(b + 2u);
+    let v = w_u32x5(b + 2u);
+    let qh = v[0];
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        let q = w_u32(b + 6u + 4u * k);
+        let q = v[k + 1u];
         o[k] = (lo4(q) + q5_high(qh, 4u * k) - 16.0) * d;
         o[k + 4u] = (hi4(q) + q5_high(qh, 16u + 4u * k) - 16.0) * d;
     }

@@ -5,21 +5,6 @@
 // q = (low | high << 4) - 32. value = d * scales[j] * q.
 // 210 is not a multiple of 4: blocks start on even bytes, so reads straddle words.
 
-// Eight consecutive u32 from byte offset `byte`: 9 aligned loads, joined without a
-// branch (a shift by 32 is a shift by 0 in WGSL, hence the select).
-fn w_u32x8(byte: u32) -> array<u32, 8> {
-    let i = byte >> 2u;
-    let s = (byte & 3u) * 8u;
-    var o: array<u32, 8>;
-    var a = w[i];
-    for (var k = 0u; k < 8u; k++) {
-        let b = w[i + k + 1u];
-        o[k] = select((a >> s) | (b << (32u - s)), a, s == 0u);
-        a = b;
-    }
-    return o;
-}
-
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let s = c & 7u;
     let n = s >> 2u;

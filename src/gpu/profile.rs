@@ -1,0 +1,174 @@
+//! Per-kernel GPU time of a forward step, for finding where a step's time goes.
+//!
+//! With `WGLLM_PROFILE=1` every dispatch of a step runs in its own compute pass bracketed
+//! by timestamp queries; the times are added up per kernel label (the label up to its
+//! first space, e.g. `mul_mat`) and printed to stderr when the model is dropped. Passes
+//! per dispatch cost a little, so profile figures are for comparison, not for speed.
+
+use std::collections::BTreeMap;
+
+use super::GpuContext;
+use crate::ops::{Dispatch, StepInfo};
+use crate::Result;
+
+/// Environment variable that turns profiling on.
+pub const PROFILE_ENV: &str = "WGLLM_PROFILE";
+
+/// Timestamp queries for one step's dispatches and the totals gathered so far.
+pub struct Profiler {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    read: wgpu::Buffer,
+    capacity: u32,
+    period_ns: f64,
+    /// Labels of the dispatches recorded in the pending step.
+    pending: Vec<String>,
+    /// Label -> (seconds, dispatches).
+    totals: BTreeMap<String, (f64, u64)>,
+    steps: u64,
+}
+
+impl Profiler {
+    /// A profiler when `WGLLM_PROFILE` is set and the device has timestamp queries.
+    pub fn from_env(ctx: &GpuContext, max_dispatches: usize) -> Option<Profiler> {
+        let on = std::env::var(PROFILE_ENV).is_ok_and(|v| v != "0" && !v.is_empty());
+        if !on {
+            return None;
+        }
+        if !ctx.has_timestamps {
+            eprintln!("{PROFILE_ENV}: {} has no timestamp queries", ctx.info.name);
+            return None;
+        }
+        // Two queries per dispatch; wgpu caps a query set at 4096.
+        let capacity = (max_dispatches * 2).clamp(2, 4096) as u32;
+        let bytes = capacity as u64 * 8;
+        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("profile timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: capacity,
+        });
+        let buffer = |label, usage| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        Some(Profiler {
+            set,
+            resolve: buffer(
+                "profile resolve",
+                wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            ),
+            read: buffer(
+                "profile read",
+                wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            ),
+            capacity,
+            period_ns: ctx.queue.get_timestamp_period() as f64,
+            pending: Vec::new(),
+            totals: BTreeMap::new(),
+            steps: 0,
+        })
+    }
+
+    /// Record `dispatches`, each in its own timed pass (those past the query capacity
+    /// and empty grids run untimed).
+    pub fn record<'a>(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        dispatches: impl Iterator<Item = &'a Dispatch>,
+        info: &StepInfo,
+    ) {
+        self.pending.clear();
+        for d in dispatches {
+            let i = self.pending.len() as u32 * 2;
+            let timed = i + 1 < self.capacity && !d.grid(info).contains(&0);
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(&d.label),
+                timestamp_writes: timed.then_some(wgpu::ComputePassTimestampWrites {
+                    query_set: &self.set,
+                    beginning_of_pass_write_index: Some(i),
+                    end_of_pass_write_index: Some(i + 1),
+                }),
+            });
+            d.record(&mut pass, info);
+            drop(pass);
+            if timed {
+                self.pending.push(d.label.clone());
+            }
+        }
+        let n = self.pending.len() as u32 * 2;
+        if n > 0 {
+            enc.resolve_query_set(&self.set, 0..n, &self.resolve, 0);
+            enc.copy_buffer_to_buffer(&self.resolve, 0, &self.read, 0, n as u64 * 8);
+        }
+    }
+
+    /// After the step's submission completed: add its times to the totals.
+    pub fn collect(&mut self, ctx: &GpuContext) -> Result<()> {
+        let n = self.pending.len() * 2;
+        if n == 0 {
+            return Ok(());
+        }
+        let ticks: Vec<u64> = super::readback::map_read(ctx, &self.read, n)?;
+        for (k, label) in self.pending.iter().enumerate() {
+            let dt = ticks[2 * k + 1].saturating_sub(ticks[2 * k]) as f64 * self.period_ns;
+            let key = layer_free(label);
+            let e = self.totals.entry(key).or_default();
+            e.0 += dt * 1e-9;
+            e.1 += 1;
+        }
+        self.steps += 1;
+        Ok(())
+    }
+
+    /// The totals as a table: kernel, ms per step, share, dispatches per step.
+    pub fn report(&self) -> String {
+        let total: f64 = self.totals.values().map(|v| v.0).sum();
+        let steps = self.steps.max(1) as f64;
+        let mut rows: Vec<_> = self.totals.iter().collect();
+        rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        let mut out = format!(
+            "GPU profile over {} steps ({:.2} ms per step):\n",
+            self.steps,
+            total * 1e3 / steps
+        );
+        for (label, (secs, count)) in rows {
+            out.push_str(&format!(
+                "  {label:<36} {:>9.3} ms/step {:>5.1}% {:>6.1} dispatches/step\n",
+                secs * 1e3 / steps,
+                100.0 * secs / total.max(f64::MIN_POSITIVE),
+                *count as f64 / steps
+            ));
+        }
+        out
+    }
+}
+
+/// `label` with every run of digits replaced by `N`, so a kernel's layers add up.
+fn layer_free(label: &str) -> String {
+    let mut out = String::with_capacity(label.len());
+    let mut in_digits = false;
+    for ch in label.chars() {
+        if ch.is_ascii_digit() {
+            if !in_digits {
+                out.push('N');
+            }
+            in_digits = true;
+        } else {
+            out.push(ch);
+            in_digits = false;
+        }
+    }
+    out
+}
+
+impl Drop for Profiler {
+    fn drop(&mut self) {
+        if self.steps > 0 {
+            eprint!("{}", self.report());
+        }
+    }
+}
