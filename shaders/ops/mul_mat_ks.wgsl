@@ -5,31 +5,59 @@
 // barrier). On CPU-hosted drivers every storage load is a per-lane loop, so loading
 // each activation once per ROWS rows is what makes this fast there.
 //
+// Batches run in tiles of TILE tokens, each decoded chunk serving the whole tile, then
+// the remaining tokens one at a time. Both are loops with uniform trip counts, so the
+// path a step does not take costs nothing (a CPU driver runs both sides of a branch).
+// Activations come through `xv`, from storage (`mul_mat_xs.wgsl`) or from a uniform
+// copy of output tokens tok0 .. tok0 + tok_n (`mul_mat_xu.wgsl`).
+//
 // W: [n_cols, n_rows] (this binding holds rows row0 .. row0 + n_rows of the tensor)
 // x: [n_cols, n_tokens] f32, column stride x_stride (in vec4s)
 // y: [y_stride, n_tokens] f32; row r of this part lands at y[t * y_stride + row0 + r]
 
 struct Params {
-    n_rows: u32,    // rows in this part
-    n_cols: u32,    // elements per row (a multiple of 32)
-    row_bytes: u32, // bytes per row of W
-    row0: u32,      // first row of this part within the whole tensor
-    x_stride: u32,  // vec4s between activation columns
-    y_stride: u32,  // floats between output columns
-    last_only: u32, // 1: only the batch's last token, written as column 0 (logits)
-    _pad1: u32,
+    n_rows: u32,      // rows in this part
+    n_cols: u32,      // elements per row (a multiple of 32)
+    row_bytes: u32,   // bytes per row of W
+    row0: u32,        // first row of this part within the whole tensor
+    x_stride: u32,    // vec4s between activation columns
+    y_stride: u32,    // floats between output columns
+    last_only: u32,   // 1: only the batch's last token, written as column 0 (logits)
+    _pad0: u32,
+    _win_chunks: u32, // (the windowed variants' fields; unused here)
+    _win_bytes: u32,
+    tok0: u32,        // first output token of this dispatch
+    tok_n: u32,       // most output tokens of this dispatch
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
 // Lanes per workgroup: the device's subgroup size, so one workgroup is one subgroup.
 override WG: u32 = 8u;
 // Rows per workgroup.
-const ROWS: u32 = 8u;
+const ROWS: u32 = 16u;
+// Tokens per tile (two vec4 accumulators per row).
+const TILE: u32 = 8u;
+
+fn dot32(v: array<vec4<f32>, 8>, xc: array<vec4<f32>, 8>) -> f32 {
+    var s = dot(v[0], xc[0]) + dot(v[1], xc[1]);
+    s += dot(v[2], xc[2]) + dot(v[3], xc[3]);
+    s += dot(v[4], xc[4]) + dot(v[5], xc[5]);
+    s += dot(v[6], xc[6]) + dot(v[7], xc[7]);
+    return s;
+}
+
+// Chunk c of output token t's activations.
+fn x_chunk(first: u32, t: u32, c: u32) -> array<vec4<f32>, 8> {
+    let i = c * 8u;
+    return array<vec4<f32>, 8>(
+        xv(first, t, i), xv(first, t, i + 1u), xv(first, t, i + 2u), xv(first, t, i + 3u),
+        xv(first, t, i + 4u), xv(first, t, i + 5u), xv(first, t, i + 6u), xv(first, t, i + 7u),
+    );
+}
 
 @compute @workgroup_size(WG)
 fn main(
@@ -37,7 +65,7 @@ fn main(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) l: u32,
 ) {
-    // Uniform per workgroup, so every lane reaches the subgroupAdd below.
+    // Uniform per workgroup, so every lane reaches the subgroupAdds below.
     let r0 = (wid.y * nwg.x + wid.x) * ROWS;
     if (r0 >= p.n_rows) {
         return;
@@ -45,33 +73,50 @@ fn main(
     let nr = min(ROWS, p.n_rows - r0);
     let n_chunks = p.n_cols / 32u;
     let first = select(0u, step.n_tokens - 1u, p.last_only != 0u);
-    let n_out = step.n_tokens - first;
-    for (var t = 0u; t < n_out; t++) {
-        var acc = array<f32, ROWS>();
-        let xt = (first + t) * p.x_stride;
+    let n_out = min(step.n_tokens - first, p.tok0 + min(p.tok_n, step.n_tokens));
+    let out0 = p.row0 + r0;
+    var t = p.tok0;
+    for (; t + TILE <= n_out; t += TILE) {
+        var acc = array<vec4<f32>, ROWS>();
+        var acc2 = array<vec4<f32>, ROWS>();
         for (var c = l; c < n_chunks; c += WG) {
-            let xb = xt + c * 8u;
-            let x0 = x[xb];
-            let x1 = x[xb + 1u];
-            let x2 = x[xb + 2u];
-            let x3 = x[xb + 3u];
-            let x4 = x[xb + 4u];
-            let x5 = x[xb + 5u];
-            let x6 = x[xb + 6u];
-            let x7 = x[xb + 7u];
+            let x0 = x_chunk(first, t, c);
+            let x1 = x_chunk(first, t + 1u, c);
+            let x2 = x_chunk(first, t + 2u, c);
+            let x3 = x_chunk(first, t + 3u, c);
+            let x4 = x_chunk(first, t + 4u, c);
+            let x5 = x_chunk(first, t + 5u, c);
+            let x6 = x_chunk(first, t + 6u, c);
+            let x7 = x_chunk(first, t + 7u, c);
             for (var i = 0u; i < nr; i++) {
                 let v = decode32((r0 + i) * p.row_bytes, c);
-                var s = dot(v[0], x0) + dot(v[1], x1);
-                s += dot(v[2], x2) + dot(v[3], x3);
-                s += dot(v[4], x4) + dot(v[5], x5);
-                s += dot(v[6], x6) + dot(v[7], x7);
-                acc[i] += s;
+                acc[i] += vec4<f32>(dot32(v, x0), dot32(v, x1), dot32(v, x2), dot32(v, x3));
+                acc2[i] += vec4<f32>(dot32(v, x4), dot32(v, x5), dot32(v, x6), dot32(v, x7));
+            }
+        }
+        for (var i = 0u; i < ROWS; i++) {
+            let s = subgroupAdd(acc[i]);
+            let s2 = subgroupAdd(acc2[i]);
+            if (l == 0u && i < nr) {
+                for (var k = 0u; k < 4u; k++) {
+                    y[(t + k) * p.y_stride + out0 + i] = s[k];
+                    y[(t + 4u + k) * p.y_stride + out0 + i] = s2[k];
+                }
+            }
+        }
+    }
+    for (; t < n_out; t++) {
+        var acc = array<f32, ROWS>();
+        for (var c = l; c < n_chunks; c += WG) {
+            let x0 = x_chunk(first, t, c);
+            for (var i = 0u; i < nr; i++) {
+                acc[i] += dot32(decode32((r0 + i) * p.row_bytes, c), x0);
             }
         }
         for (var i = 0u; i < ROWS; i++) {
             let s = subgroupAdd(acc[i]);
             if (l == 0u && i < nr) {
-                y[t * p.y_stride + p.row0 + r0 + i] = s;
+                y[t * p.y_stride + out0 + i] = s;
             }
         }
     }

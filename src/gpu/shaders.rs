@@ -31,6 +31,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
 
 const MUL_MAT_ROW: &str = wgsl!("ops/mul_mat_row.wgsl");
 const MUL_MAT_WIN: &str = wgsl!("ops/mul_mat_win.wgsl");
+const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 
 /// Kernels specialised by weight type: (name, body parts, joined in order).
 /// `mul_mat_*` are the variants of `mul_mat` (see `ops::mul_mat::Variant`).
@@ -40,7 +41,8 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
     ("mul_mat_winu", &[MUL_MAT_WIN, wgsl!("ops/mul_mat_xu.wgsl")]),
     ("mul_mat_wg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_wg.wgsl")]),
     ("mul_mat_sg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_sg.wgsl")]),
-    ("mul_mat_ks", &[wgsl!("ops/mul_mat_ks.wgsl")]),
+    ("mul_mat_ks", &[MUL_MAT_KS, wgsl!("ops/mul_mat_xs.wgsl")]),
+    ("mul_mat_ksu", &[MUL_MAT_KS, wgsl!("ops/mul_mat_xu.wgsl")]),
     ("get_rows", &[wgsl!("ops/get_rows.wgsl")]),
 ];
 

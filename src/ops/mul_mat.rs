@@ -50,16 +50,19 @@ pub enum Variant {
     /// chunks split across its lanes, each activation chunk loaded once for all rows
     /// (needs subgroups of a fixed size).
     Ks,
+    /// `Ks` with the activations copied into a uniform buffer first, as `WinU`.
+    KsU,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 6] = [
+    pub const ALL: [Variant; 7] = [
         Variant::Row,
         Variant::Win,
         Variant::WinU,
         Variant::Wg,
         Variant::Sg,
         Variant::Ks,
+        Variant::KsU,
     ];
 
     pub fn name(self) -> &'static str {
@@ -70,6 +73,7 @@ impl Variant {
             Variant::Wg => "wg",
             Variant::Sg => "sg",
             Variant::Ks => "ks",
+            Variant::KsU => "ksu",
         }
     }
 
@@ -88,6 +92,7 @@ impl Variant {
             Variant::Wg => "mul_mat_wg",
             Variant::Sg => "mul_mat_sg",
             Variant::Ks => "mul_mat_ks",
+            Variant::KsU => "mul_mat_ksu",
         }
     }
 
@@ -96,7 +101,7 @@ impl Variant {
         match self {
             Variant::Sg => ctx.has_subgroups,
             // One workgroup must be one whole subgroup, so the size must be fixed.
-            Variant::Ks => {
+            Variant::Ks | Variant::KsU => {
                 ctx.has_subgroups
                     && ctx.subgroup_min_size == ctx.subgroup_max_size
                     && ctx.subgroup_min_size >= 4
@@ -133,11 +138,16 @@ pub fn variant(ctx: &GpuContext) -> Result<Variant> {
 }
 
 /// The measured best per kind of device (docs/perf.md): CPU-hosted drivers run one
-/// SIMD lane per invocation and pay per load, so the windowed per-row walk wins there;
-/// real GPUs want coalesced reads and a subgroup reduction.
+/// SIMD lane per invocation and pay per load, so one subgroup sharing each activation
+/// load across many rows wins there (the windowed per-row walk where subgroups are
+/// missing); real GPUs want coalesced reads and a subgroup reduction.
 pub fn default_variant(ctx: &GpuContext) -> Variant {
     if ctx.info.device_type == wgpu::DeviceType::Cpu {
-        Variant::WinU
+        if Variant::Ks.available(ctx) {
+            Variant::Ks
+        } else {
+            Variant::WinU
+        }
     } else if ctx.has_subgroups {
         Variant::Sg
     } else {
@@ -149,7 +159,7 @@ pub fn default_variant(ctx: &GpuContext) -> Variant {
 const ROW_WG: u32 = 64;
 
 /// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
-const KS_ROWS: u32 = 8;
+const KS_ROWS: u32 = 16;
 
 pub(crate) fn pipeline(
     ctx: &GpuContext,
@@ -163,7 +173,7 @@ pub(crate) fn pipeline(
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
         }
         Variant::Wg | Variant::Sg => vec![("WG", ROW_WG as f64)],
-        Variant::Ks => vec![("WG", ctx.subgroup_min_size as f64)],
+        Variant::Ks | Variant::KsU => vec![("WG", ctx.subgroup_min_size as f64)],
     };
     ctx.pipelines.get(&ctx.device, &label, &consts, || {
         crate::gpu::shaders::quant_source(v.shader(), ty)
@@ -278,11 +288,15 @@ pub fn gpu_variant(
         )));
     }
     let per_xu = tokens_per_xu(ctx, w.n_cols());
-    if v == Variant::WinU && per_xu > 0 {
-        return gpu_winu(ctx, step, w, x, y, cols, per_xu);
+    if matches!(v, Variant::WinU | Variant::KsU) && per_xu > 0 {
+        return gpu_uniform_x(ctx, v, step, w, x, y, cols, per_xu);
     }
     // Rows too long for the uniform buffer: the same walk with storage activations.
-    let v = if v == Variant::WinU { Variant::Win } else { v };
+    let v = match v {
+        Variant::WinU => Variant::Win,
+        Variant::KsU => Variant::Ks,
+        v => v,
+    };
     let pipe = pipeline(ctx, w.ty, v)?;
     let window = match v {
         Variant::Win => Some(Window::of(w.ty)?),
@@ -318,35 +332,46 @@ pub fn gpu_variant(
                 })?
             }
             (Variant::Ks, _) => {
-                let n_wg = n_rows.div_ceil(KS_ROWS);
-                let gx = n_wg.min(max_groups);
-                let gy = n_wg.div_ceil(gx.max(1));
-                dispatch(ctx, &label, pipe.clone(), step, &p, &buffers, move |_| {
-                    [gx, gy, 1]
-                })?
+                let wp = WinParams {
+                    base: p,
+                    win_chunks: 0,
+                    win_bytes: 0,
+                    tok0: 0,
+                    tok_n: u32::MAX,
+                };
+                let g = grid(Variant::Ks, n_rows, max_groups);
+                dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| g)?
             }
-            (Variant::Wg | Variant::Sg, _) => {
-                // One workgroup per row; rows past the per-dimension limit fold into y.
-                let gx = n_rows.min(max_groups);
-                let gy = n_rows.div_ceil(gx.max(1));
-                dispatch(ctx, &label, pipe.clone(), step, &p, &buffers, move |_| {
-                    [gx, gy, 1]
-                })?
+            _ => {
+                let g = grid(v, n_rows, max_groups);
+                dispatch(ctx, &label, pipe.clone(), step, &p, &buffers, move |_| g)?
             }
-            _ => dispatch(ctx, &label, pipe.clone(), step, &p, &buffers, move |_| {
-                [groups(n_rows, WG), 1, 1]
-            })?,
         };
         out.push(d);
     }
     Ok(out)
 }
 
-/// `WinU`: per load of the uniform buffer, a copy of the next `per_xu` output tokens
-/// activations, then one dispatch per part of W. Enough loads are recorded for the
-/// largest batch `x` holds; those past a step's tokens have empty grids.
-fn gpu_winu(
+/// Workgroups of variant `v` for `n_rows` rows: one row per invocation (`Row`, `Win`,
+/// `WinU`), per workgroup (`Wg`, `Sg`) or `KS_ROWS` per workgroup (`Ks`, `KsU`); grids
+/// wider than the per-dimension limit fold into y.
+fn grid(v: Variant, n_rows: u32, max_groups: u32) -> [u32; 3] {
+    let n_wg = match v {
+        Variant::Row | Variant::Win | Variant::WinU => return [groups(n_rows, WG), 1, 1],
+        Variant::Wg | Variant::Sg => n_rows,
+        Variant::Ks | Variant::KsU => n_rows.div_ceil(KS_ROWS),
+    };
+    let gx = n_wg.min(max_groups).max(1);
+    [gx, n_wg.div_ceil(gx), 1]
+}
+
+/// `WinU`, `KsU`: per load of the uniform buffer, a copy of the next `per_xu` output
+/// tokens' activations, then one dispatch per part of W. Enough loads are recorded for
+/// the largest batch `x` holds; those past a step's tokens have empty grids.
+#[allow(clippy::too_many_arguments)]
+fn gpu_uniform_x(
     ctx: &GpuContext,
+    v: Variant,
     step: &wgpu::Buffer,
     w: &GpuTensor,
     x: &wgpu::Buffer,
@@ -354,9 +379,17 @@ fn gpu_winu(
     cols: Columns,
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
-    let pipe = pipeline(ctx, w.ty, Variant::WinU)?;
+    let pipe = pipeline(ctx, w.ty, v)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
-    let win = Window::of(w.ty)?;
+    let win = match v {
+        Variant::WinU => Window::of(w.ty)?,
+        _ => Window {
+            chunks: 0,
+            bytes: 0,
+            nv: 0,
+        },
+    };
+    let max_groups = ctx.limits.max_compute_workgroups_per_dimension.max(1);
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {
         Columns::Last => 1,
@@ -418,7 +451,7 @@ fn gpu_winu(
                 tok0,
                 tok_n,
             };
-            let n_rows = part.n_rows;
+            let g = grid(v, part.n_rows, max_groups);
             out.push(dispatch(
                 ctx,
                 &format!("mul_mat {}", w.name),
@@ -426,7 +459,7 @@ fn gpu_winu(
                 step,
                 &wp,
                 &[&part.buffer, &xu, y],
-                move |s| [if live(s) { groups(n_rows, WG) } else { 0 }, 1, 1],
+                move |s| if live(s) { g } else { [0, 1, 1] },
             )?);
         }
     }
