@@ -294,19 +294,28 @@ fn attention_gqa_window_batches() {
             (256, 4, 1, 8, 20, 6),
             (32, 4, 4, 0, 3, 70),
         ] {
-            let n_ctx = 128u32;
+            // An odd context gives V rows a padded stride.
+            let n_ctx = if pos % 2 == 1 { 127u32 } else { 128 };
             let kv_dim = hd * nkv;
             let mut rng = Rng::new((hd + pos) as u64);
             let n_kv = (pos + toks) as usize;
-            // Caches in their GPU layouts; positions >= n_kv stay zero.
-            let mut kc = vec![0f32; (kv_dim * n_ctx) as usize];
-            let mut vc = vec![0f32; (kv_dim * n_ctx) as usize];
-            let k_all = rng.vec(n_kv * kv_dim as usize, 1.0);
-            let v_all = rng.vec(n_kv * kv_dim as usize, 1.0);
+            // The cache keeps f16: round the values first so the f32 reference sees
+            // what the GPU stores.
+            let f16r = |v: Vec<f32>| -> Vec<f32> {
+                v.into_iter()
+                    .map(|x| half::f16::from_f32(x).to_f32())
+                    .collect()
+            };
+            let kd = kv_dim as usize;
+            let k_all = f16r(rng.vec(n_kv * kd, 1.0));
+            let v_all = f16r(rng.vec(n_kv * kd, 1.0));
+            // Reference caches in the GPU's order, in f32; positions >= n_kv stay zero.
+            let mut kc = vec![0f32; kd * n_ctx as usize];
+            let mut vc = vec![0f32; kd * n_ctx as usize];
             for j in 0..n_kv {
-                for i in 0..kv_dim as usize {
-                    kc[j * kv_dim as usize + i] = k_all[j * kv_dim as usize + i];
-                    vc[i * n_ctx as usize + j] = v_all[j * kv_dim as usize + i];
+                for i in 0..kd {
+                    kc[j * kd + i] = k_all[j * kd + i];
+                    vc[i * n_ctx as usize + j] = v_all[j * kd + i];
                 }
             }
             let q = rng.vec((hd * nh * toks) as usize, 1.0);
@@ -320,22 +329,18 @@ fn attention_gqa_window_batches() {
             };
             let mut want = vec![0f32; q.len()];
             attn.reference(&q, &kc, &vc, &mut want, pos, toks);
-            // GPU: caches hold 0..pos; this step stores pos..pos+toks through kv_store.
-            let mut kc0 = kc.clone();
-            let mut vc0 = vc.clone();
-            for j in pos as usize..n_kv {
-                for i in 0..kv_dim as usize {
-                    kc0[j * kv_dim as usize + i] = 0.0;
-                    vc0[i * n_ctx as usize + j] = 0.0;
-                }
-            }
-            let k_new = &k_all[pos as usize * kv_dim as usize..];
-            let v_new = &v_all[pos as usize * kv_dim as usize..];
+            // GPU: packed caches hold 0..pos; this step stores pos..pos+toks through
+            // kv_store (pairs of V positions straddling the two when pos is odd).
+            let old = pos as usize * kd;
+            let (kc0, vc0) = kv_store::pack_caches(&k_all[..old], &v_all[..old], kd, n_ctx);
+            let k_new = &k_all[old..];
+            let v_new = &v_all[old..];
             let step = StepInfo::new(pos, toks);
             let sb = step_buffer(ctx, &step);
+            let words = |w: &[u32]| -> Vec<f32> { w.iter().map(|&x| f32::from_bits(x)).collect() };
             let (kb, vb) = (
-                buffer_with_guard(ctx, &kc0, 0),
-                buffer_with_guard(ctx, &vc0, 0),
+                buffer_with_guard(ctx, &words(&kc0), 0),
+                buffer_with_guard(ctx, &words(&vc0), 0),
             );
             let (knb, vnb) = (
                 buffer_with_guard(ctx, k_new, 0),

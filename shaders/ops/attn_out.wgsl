@@ -1,20 +1,21 @@
 // Attention output: o[d, h, t] = sum_j probs[j, t, h] * v[d, h / group, j], one invocation
 // per (d, token, head). Keys after the query's position have probability 0 and are skipped.
 //
-// probs: [n_kv, n_tokens, n_head]; v_cache: [n_ctx, head_dim * n_head_kv] (transposed)
+// probs: [n_kv, n_tokens, n_head]; v_cache: [stride, head_dim * n_head_kv] f16, two
+// halves per u32 (transposed, stride = n_ctx rounded up to even, as kv_store writes it)
 // out: [head_dim, n_head, n_tokens] f32
 
 struct Params {
     head_dim: u32,
     n_head: u32,
     n_head_kv: u32,
-    n_ctx: u32,
+    stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> probs: array<f32>;
-@group(0) @binding(3) var<storage, read> v_cache: array<f32>;
+@group(0) @binding(3) var<storage, read> v_cache: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
 override WG: u32 = 64u;
@@ -29,11 +30,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let hkv = h / (p.n_head / p.n_head_kv);
     let pb = (h * step.n_tokens + t) * step.n_kv;
-    let vb = (hkv * p.head_dim + d) * p.n_ctx;
+    let vb = (hkv * p.head_dim + d) * p.stride / 2u;
     let n = min(step.pos + t + 1u, step.n_kv);
     var s = 0.0;
-    for (var j = 0u; j < n; j++) {
-        s += probs[pb + j] * v_cache[vb + j];
+    for (var j = 0u; j + 1u < n; j += 2u) {
+        let v2 = unpack2x16float(v_cache[vb + j / 2u]);
+        s += probs[pb + j] * v2.x + probs[pb + j + 1u] * v2.y;
+    }
+    if ((n & 1u) != 0u) {
+        s += probs[pb + n - 1u] * unpack2x16float(v_cache[vb + (n - 1u) / 2u]).x;
     }
     out[(t * p.n_head + h) * p.head_dim + d] = s;
 }

@@ -2,7 +2,8 @@
 // mask (key position after the query's) and the sliding window (query minus key
 // position >= window) set to -inf. One invocation per (key j, token t, head h).
 //
-// q: [head_dim, n_head, n_tokens]; k_cache: [head_dim, n_head_kv, n_ctx]
+// q: [head_dim, n_head, n_tokens]; k_cache: [head_dim, n_head_kv, n_ctx] f16, four
+// halves per vec2<u32> (head_dim is a multiple of 4)
 // scores: [n_kv, n_tokens, n_head] f32 (row stride step.n_kv)
 
 struct Params {
@@ -19,7 +20,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> scores: array<f32>;
 
 override WG: u32 = 64u;
@@ -44,7 +45,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let kb = (j * p.n_head_kv + hkv) * d4;
     var s = 0.0;
     for (var i = 0u; i < d4; i++) {
-        s += dot(q[qb + i], k_cache[kb + i]);
+        let k4 = k_cache[kb + i];
+        let kf = vec4<f32>(unpack2x16float(k4.x), unpack2x16float(k4.y));
+        s += dot(q[qb + i], kf);
     }
     scores[out] = s * p.scale;
 }

@@ -1,13 +1,19 @@
-// Append this batch's keys and values to the layer's KV cache.
-// The V cache is stored transposed so that attention's weighted sum walks each value
-// row contiguously.
+// Append this batch's keys and values to the layer's KV cache, stored as f16 pairs
+// packed in u32 (half the memory and bandwidth of f32, as llama.cpp's default cache;
+// packing needs no f16 shader support). The V cache is stored transposed so that
+// attention's weighted sum walks each value row contiguously.
 //
-// k_new, v_new: [kv_dim, n_tokens] f32 (kv_dim = head_dim * n_head_kv)
-// k_cache: [kv_dim, n_ctx] f32; v_cache: [n_ctx, kv_dim] f32 (transposed)
+// k_new, v_new: [kv_dim, n_tokens] f32 (kv_dim = head_dim * n_head_kv, even)
+// k_cache: [kv_dim, n_ctx] f16; v_cache: [stride, kv_dim] f16 (transposed, stride =
+// n_ctx rounded up to even), two halves per u32, the lower index in the low half.
+//
+// One invocation per (i, u): u < n_tokens with i even stores keys i, i + 1 of token u;
+// every i stores the V pair of positions 2 (pos / 2 + u), + 1 when it is touched by
+// this batch, keeping a half from an earlier step where the pair straddles batches.
 
 struct Params {
     kv_dim: u32,
-    n_ctx: u32,
+    stride: u32, // V row length in halves (even)
     _pad0: u32,
     _pad1: u32,
 }
@@ -16,19 +22,35 @@ struct Params {
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> k_new: array<f32>;
 @group(0) @binding(3) var<storage, read> v_new: array<f32>;
-@group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(4) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<u32>;
 
 override WG: u32 = 64u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
-    let t = gid.y;
-    if (i >= p.kv_dim || t >= step.n_tokens) {
+    let u = gid.y;
+    if (i >= p.kv_dim) {
         return;
     }
-    let pos = step.pos + t;
-    k_cache[pos * p.kv_dim + i] = k_new[t * p.kv_dim + i];
-    v_cache[i * p.n_ctx + pos] = v_new[t * p.kv_dim + i];
+    if (u < step.n_tokens && (i & 1u) == 0u) {
+        let src = u * p.kv_dim + i;
+        let k2 = vec2<f32>(k_new[src], k_new[src + 1u]);
+        k_cache[((step.pos + u) * p.kv_dim + i) / 2u] = pack2x16float(k2);
+    }
+    let j0 = (step.pos / 2u + u) * 2u; // first position of this V pair
+    let end = step.pos + step.n_tokens;
+    if (j0 >= end) {
+        return;
+    }
+    let at = (i * p.stride + j0) / 2u;
+    var v2 = unpack2x16float(v_cache[at]);
+    if (j0 >= step.pos) {
+        v2.x = v_new[(j0 - step.pos) * p.kv_dim + i];
+    }
+    if (j0 + 1u < end) {
+        v2.y = v_new[(j0 + 1u - step.pos) * p.kv_dim + i];
+    }
+    v_cache[at] = pack2x16float(v2);
 }

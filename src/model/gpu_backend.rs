@@ -281,7 +281,7 @@ impl GpuModel {
         for il in 0..c.n_layer {
             // Layers that run elsewhere get no cache.
             let bytes = if layers.contains(&il) {
-                act_bytes(c.kv_dim(), n_ctx)
+                ops::kv_store::cache_bytes(c.kv_dim(), n_ctx)
             } else {
                 4
             };

@@ -43,7 +43,8 @@ struct OutParams {
     head_dim: u32,
     n_head: u32,
     n_head_kv: u32,
-    n_ctx: u32,
+    /// Halves per row of the transposed V cache.
+    stride: u32,
 }
 
 impl Attention {
@@ -106,7 +107,7 @@ impl Attention {
             head_dim: self.head_dim,
             n_head,
             n_head_kv: self.n_head_kv,
-            n_ctx: self.n_ctx,
+            stride: super::kv_store::v_stride(self.n_ctx),
         };
         let hd = self.head_dim;
         let weighted = dispatch(
@@ -121,7 +122,8 @@ impl Attention {
         Ok(vec![scores, softmax, weighted])
     }
 
-    /// CPU reference with the same layouts; `pos` is the first token's position and the
+    /// CPU reference over f32 caches in the GPU's order (k: [head_dim, n_head_kv, n_ctx],
+    /// v: [n_ctx, head_dim * n_head_kv]); `pos` is the first token's position and the
     /// caches already hold positions 0 .. pos + n_tokens.
     pub fn reference(
         &self,

@@ -1,18 +1,32 @@
 //! Appending a batch's keys and values to the KV cache (`shaders/ops/kv_store.wgsl`).
+//!
+//! The cache holds f16 values, two per u32: half the memory of f32 and what llama.cpp
+//! keeps by default, read back to f32 inside the attention kernels.
 
 use super::{dispatch, groups, op_pipeline, Dispatch, WG};
 use crate::gpu::GpuContext;
-use crate::Result;
+use crate::{Error, Result};
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Params {
     pub kv_dim: u32,
-    pub n_ctx: u32,
+    pub stride: u32,
     pub _pad: [u32; 2],
 }
 
-/// k_new, v_new: [kv_dim, n_tokens]; k_cache: [kv_dim, n_ctx]; v_cache: [n_ctx, kv_dim].
+/// Halves per row of the transposed V cache: the context rounded up to a whole u32.
+pub fn v_stride(n_ctx: u32) -> u32 {
+    n_ctx.next_multiple_of(2)
+}
+
+/// Bytes of one layer's K (or V) cache for `n_ctx` positions of `kv_dim` values.
+pub fn cache_bytes(kv_dim: u32, n_ctx: u32) -> u64 {
+    kv_dim as u64 * v_stride(n_ctx) as u64 * 2
+}
+
+/// k_new, v_new: [kv_dim, n_tokens] f32; k_cache: [kv_dim, n_ctx] f16;
+/// v_cache: [v_stride(n_ctx), kv_dim] f16 (both packed in pairs, see [`pack_caches`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gpu(
     ctx: &GpuContext,
@@ -24,12 +38,18 @@ pub fn gpu(
     kv_dim: u32,
     n_ctx: u32,
 ) -> Result<Dispatch> {
+    if kv_dim % 2 != 0 {
+        return Err(Error::model(format!(
+            "KV cache: {kv_dim} values per position (the f16 cache packs pairs; need an even count)"
+        )));
+    }
     let pipe = op_pipeline(ctx, "kv_store")?;
     let p = Params {
         kv_dim,
-        n_ctx,
+        stride: v_stride(n_ctx),
         _pad: [0; 2],
     };
+    // y covers the batch's tokens (keys) and the V pairs it touches (at most as many).
     dispatch(
         ctx,
         "kv_store",
@@ -39,4 +59,29 @@ pub fn gpu(
         &[k_new, v_new, k_cache, v_cache],
         move |s| [groups(kv_dim, WG), s.n_tokens, 1],
     )
+}
+
+/// The GPU layouts of caches holding positions 0..n: k and v are [kv_dim, n] f32;
+/// returns (K, V) as packed f16 words, sized for `n_ctx` positions (tests, tools).
+pub fn pack_caches(k: &[f32], v: &[f32], kv_dim: usize, n_ctx: u32) -> (Vec<u32>, Vec<u32>) {
+    let words = (cache_bytes(kv_dim as u32, n_ctx) / 4) as usize;
+    let stride = v_stride(n_ctx) as usize;
+    let mut kh = vec![0u16; words * 2];
+    let mut vh = vec![0u16; words * 2];
+    for (j, kv) in k.chunks_exact(kv_dim).enumerate() {
+        for (i, &x) in kv.iter().enumerate() {
+            kh[j * kv_dim + i] = half::f16::from_f32(x).to_bits();
+        }
+    }
+    for (j, vv) in v.chunks_exact(kv_dim).enumerate() {
+        for (i, &x) in vv.iter().enumerate() {
+            vh[i * stride + j] = half::f16::from_f32(x).to_bits();
+        }
+    }
+    let pack = |h: Vec<u16>| {
+        h.chunks_exact(2)
+            .map(|p| p[0] as u32 | (p[1] as u32) << 16)
+            .collect()
+    };
+    (pack(kh), pack(vh))
 }
