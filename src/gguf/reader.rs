@@ -164,6 +164,31 @@ impl GgufFile {
         self.storage.bytes()
     }
 
+    /// Tell the kernel that the mapped pages wholly inside tensor `t`'s data will not be
+    /// read soon (its bytes were copied to the GPU), so they stop counting as resident
+    /// memory. The map is read-only and file-backed: a later read just faults the pages
+    /// back in from the file. A no-op for owned bytes and where the hint is refused.
+    pub fn release(&self, t: &TensorInfo) {
+        let Storage::Mapped(map) = &self.storage else {
+            return;
+        };
+        let page = 4096usize;
+        let (Ok(start), Ok(len)) = (usize::try_from(t.offset), usize::try_from(t.n_bytes)) else {
+            return;
+        };
+        let base = map.as_ptr() as usize;
+        // Whole pages only, so data of neighbouring tensors stays resident.
+        let first = (base + start).next_multiple_of(page) - base;
+        let end = ((base + start + len.min(map.len() - start.min(map.len()))) / page) * page - base;
+        if end > first {
+            // SAFETY: DontNeed on a private read-only file mapping discards pages that
+            // are re-read from the file on access; no reference observes a change.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, first, end - first)
+            };
+        }
+    }
+
     /// Absolute offset where tensor data starts (header end rounded up to the alignment).
     pub fn data_offset(&self) -> u64 {
         self.header.data_offset

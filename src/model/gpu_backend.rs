@@ -567,6 +567,8 @@ fn upload_weights(
             .tensor(name)
             .ok_or_else(|| Error::model(format!("missing tensor {name}")))?;
         let t = GpuTensor::upload(ctx, info, file.tensor_data(info))?;
+        // The upload copied the bytes; the map's pages need not stay resident.
+        file.release(info);
         bar.inc(info.n_bytes);
         Ok(t)
     };
