@@ -42,12 +42,19 @@ const ROWS: u32 = 16u;
 // Tokens per tile (two vec4 accumulators per row).
 const TILE: u32 = 8u;
 
-fn dot32(v: array<vec4<f32>, 8>, xc: array<vec4<f32>, 8>) -> f32 {
+// A decoded chunk dotted with a chunk of activations (tiles decode once per row).
+fn vdot32(v: array<vec4<f32>, 8>, xc: array<vec4<f32>, 8>) -> f32 {
     var s = dot(v[0], xc[0]) + dot(v[1], xc[1]);
     s += dot(v[2], xc[2]) + dot(v[3], xc[3]);
     s += dot(v[4], xc[4]) + dot(v[5], xc[5]);
     s += dot(v[6], xc[6]) + dot(v[7], xc[7]);
     return s;
+}
+
+// The sum of a chunk's activations (for the decoders' `wdot32`).
+fn x_sum(xc: array<vec4<f32>, 8>) -> f32 {
+    let s = xc[0] + xc[1] + xc[2] + xc[3] + xc[4] + xc[5] + xc[6] + xc[7];
+    return s.x + s.y + s.z + s.w;
 }
 
 // Chunk c of output token t's activations.
@@ -90,8 +97,8 @@ fn main(
             let x7 = x_chunk(first, t + 7u, c);
             for (var i = 0u; i < nr; i++) {
                 let v = decode32((r0 + i) * p.row_bytes, c);
-                acc[i] += vec4<f32>(dot32(v, x0), dot32(v, x1), dot32(v, x2), dot32(v, x3));
-                acc2[i] += vec4<f32>(dot32(v, x4), dot32(v, x5), dot32(v, x6), dot32(v, x7));
+                acc[i] += vec4<f32>(vdot32(v, x0), vdot32(v, x1), vdot32(v, x2), vdot32(v, x3));
+                acc2[i] += vec4<f32>(vdot32(v, x4), vdot32(v, x5), vdot32(v, x6), vdot32(v, x7));
             }
         }
         for (var i = 0u; i < ROWS; i++) {
@@ -108,9 +115,11 @@ fn main(
     for (; t < n_out; t++) {
         var acc = array<f32, ROWS>();
         for (var c = l; c < n_chunks; c += WG) {
+            // One token: the decoders' own dot products, with scales outside the sum.
             let x0 = x_chunk(first, t, c);
+            let xs = x_sum(x0);
             for (var i = 0u; i < nr; i++) {
-                acc[i] += dot32(decode32((r0 + i) * p.row_bytes, c), x0);
+                acc[i] += wdot32((r0 + i) * p.row_bytes, c, x0, xs);
             }
         }
         for (var i = 0u; i < ROWS; i++) {

@@ -14,6 +14,8 @@ macro_rules! wgsl {
 const STEP: &str = wgsl!("common/step.wgsl");
 const BYTES: &str = wgsl!("common/bytes.wgsl");
 const REDUCE: &str = wgsl!("common/reduce.wgsl");
+/// `wdot32` from `decode32`, for decoders without their own.
+const DOT_GENERIC: &str = wgsl!("common/quant/dot_generic.wgsl");
 
 /// Kernels that are the same for every weight type: (name, helpers, body).
 const OPS: &[(&str, &[&str], &str)] = &[
@@ -91,6 +93,9 @@ pub fn quant_source(name: &str, ty: GgmlType) -> Result<String> {
     let dec = decoder(ty)
         .ok_or_else(|| Error::Unsupported(format!("{name} for {ty} weights on the GPU")))?;
     let mut parts = vec![STEP, BYTES, dec];
+    if !dec.contains("fn wdot32(") {
+        parts.push(DOT_GENERIC);
+    }
     parts.extend_from_slice(body);
     Ok(hoist_directives(&join(&parts)))
 }

@@ -12,3 +12,14 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     }
     return o;
 }
+
+// sum_j (q_j - 8) d x_j = d (sum_j q_j x_j - 8 xs).
+fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
+    let b = row_byte + c * 18u;
+    let q = w_u32x4(b + 2u);
+    var s = 0.0;
+    for (var k = 0u; k < 4u; k++) {
+        s += dot(lo4(q[k]), xc[k]) + dot(hi4(q[k]), xc[k + 4u]);
+    }
+    return (s - 8.0 * xs) * w_f16(b);
+}

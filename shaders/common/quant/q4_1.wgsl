@@ -14,3 +14,15 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
         hi4(q0) * dm.x + dm.y, hi4(q1) * dm.x + dm.y, hi4(q2) * dm.x + dm.y, hi4(q3) * dm.x + dm.y,
     );
 }
+
+// sum_j (q_j d + m) x_j = d sum_j q_j x_j + m xs.
+fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
+    let b = (row_byte + c * 20u) >> 2u;
+    let dm = unpack2x16float(w[b]);
+    var s = 0.0;
+    for (var k = 0u; k < 4u; k++) {
+        let q = w[b + 1u + k];
+        s += dot(lo4(q), xc[k]) + dot(hi4(q), xc[k + 4u]);
+    }
+    return s * dm.x + xs * dm.y;
+}

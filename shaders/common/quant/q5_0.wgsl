@@ -20,3 +20,16 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     }
     return o;
 }
+
+// sum_j (q_j - 16) d x_j = d (sum_j q_j x_j - 16 xs).
+fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
+    let b = row_byte + c * 22u;
+    let v = w_u32x5(b + 2u);
+    var s = 0.0;
+    for (var k = 0u; k < 4u; k++) {
+        let q = v[k + 1u];
+        s += dot(lo4(q) + q5_high(v[0], 4u * k), xc[k]);
+        s += dot(hi4(q) + q5_high(v[0], 16u + 4u * k), xc[k + 4u]);
+    }
+    return (s - 16.0 * xs) * w_f16(b);
+}
