@@ -13,4 +13,4 @@ pub mod writer;
 
 pub use metadata::{Metadata, Value, ValueType};
 pub use reader::{GgufFile, TensorInfo};
-pub use writer::GgufWriter;
+pub use writer::{GgufStream, GgufWriter, TensorDesc};
