@@ -9,6 +9,7 @@
 
 pub mod metadata;
 pub mod reader;
+pub mod synth;
 pub mod writer;
 
 pub use metadata::{Metadata, Value, ValueType};
