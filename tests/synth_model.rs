@@ -7,7 +7,8 @@ use std::sync::Arc;
 use wgllm::cpu::backend::CpuModel;
 use wgllm::gguf::synth::{LlamaShape, SynthQuant, SynthSpec};
 use wgllm::gguf::GgufFile;
-use wgllm::model::gpu_backend::Logits;
+use wgllm::gpu::{DeviceOptions, GpuContext};
+use wgllm::model::gpu_backend::{GpuModel, LoadOptions, Logits};
 use wgllm::model::Config;
 use wgllm::quant::GgmlType;
 use wgllm::tokenizer::Tokenizer;
@@ -62,6 +63,48 @@ fn tiny_synthetic_models_load_and_give_finite_logits() {
         // A second step continues from the cache.
         let next = m.step(&[ids[0]], ids.len() as u32, Logits::Last).unwrap();
         assert!(next.iter().all(|x| x.is_finite()));
+        std::fs::remove_file(&path).ok();
+    }
+}
+
+#[test]
+fn gpu_and_cpu_agree_on_synthetic_weights() {
+    // Random blocks reach scale and quant values trained weights rarely do (every
+    // 6-bit scale/min pattern, negative Q6_K scales): both backends must still agree.
+    // Logits of random weights are nearly flat, so compare values, not argmax.
+    let ctx = Arc::new(
+        GpuContext::new(&DeviceOptions::default())
+            .expect("a GPU adapter (lavapipe) is needed: GPU tests fail rather than skip"),
+    );
+    for quant in [SynthQuant::Q4_0, SynthQuant::Q8_0, SynthQuant::Q4_K_M] {
+        let spec = SynthSpec::new(LlamaShape::TINY, quant);
+        let path = write(&spec, &format!("gpu-{}", quant.name()));
+        let file = GgufFile::open(&path).unwrap();
+        let cfg = Config::from_metadata(file.metadata()).unwrap();
+        let ids = [300u32, 301, 302, 7, 500];
+        let lo = LoadOptions {
+            n_ctx: 64,
+            n_batch: 8,
+            ..Default::default()
+        };
+        let mut gpu = GpuModel::load(ctx.clone(), &file, cfg.clone(), &lo).unwrap();
+        let g = gpu.step(&ids, 0, Logits::Last).unwrap();
+        let mut cpu = CpuModel::load(Arc::new(file), cfg, 64, 8, 2).unwrap();
+        let c = cpu.step(&ids, 0, Logits::Last).unwrap();
+        assert!(g.iter().all(|x| x.is_finite()), "{}", quant.name());
+        let num: f64 = g
+            .iter()
+            .zip(&c)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let den: f64 = c.iter().map(|b| (*b as f64).powi(2)).sum();
+        // Both quantize activations differently; about 2e-4 is what they differ by.
+        assert!(
+            num / den < 2e-3,
+            "{}: GPU and CPU logits differ, nmse {:.2e}",
+            quant.name(),
+            num / den
+        );
         std::fs::remove_file(&path).ok();
     }
 }
@@ -150,4 +193,43 @@ fn streamed_file_equals_the_in_memory_one() {
     s.write_data(&b[..10]).unwrap();
     let err = s.finish().unwrap_err().to_string();
     assert!(err.contains("'b'") && err.contains("92 bytes"), "{err}");
+}
+
+#[test]
+fn the_synth_command_writes_a_loadable_file_and_refuses_bad_options() {
+    let dir = std::env::temp_dir().join(format!("wgllm-synth-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out_path = dir.join("tiny.gguf");
+    let bench = env!("CARGO_BIN_EXE_wgllm-bench");
+    let out = std::process::Command::new(bench)
+        .args(["synth", "--size", "tiny", "--type", "q4_k_m", "-o"])
+        .arg(&out_path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("100%"), "{stderr}");
+    let file = GgufFile::open(&out_path).unwrap();
+    assert_eq!(
+        file.metadata().get_str("general.architecture").unwrap(),
+        Some("llama")
+    );
+    std::fs::remove_file(&out_path).ok();
+
+    for (args, needle) in [
+        (["--size", "70b", "--type", "q4_0"], "--size 70b"),
+        (["--size", "1b", "--type", "q3_k_s"], "--type q3_k_s"),
+    ] {
+        let out = std::process::Command::new(bench)
+            .arg("synth")
+            .args(args)
+            .arg("-o")
+            .arg(&out_path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains(needle), "{stderr}");
+        assert!(!out_path.exists(), "a refused command created {out_path:?}");
+    }
 }

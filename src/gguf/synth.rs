@@ -288,22 +288,36 @@ impl SynthSpec {
     }
 
     /// Writes the model to `path`, calling `progress(done, total)` in data bytes after
-    /// each chunk.
-    pub fn write(&self, path: &Path, mut progress: impl FnMut(u64, u64)) -> Result<()> {
+    /// each chunk. A failed write (a full disk) removes the partial file: a truncated
+    /// model left behind would only fail later, far from the cause.
+    pub fn write(&self, path: &Path, progress: impl FnMut(u64, u64)) -> Result<()> {
         self.validate()?;
         let tensors = self.tensors();
+        let out = GgufStream::create(path, &self.metadata(), &tensors, DEFAULT_ALIGNMENT)?;
+        let r = self.write_data(out, &tensors, progress);
+        // Only a regular file is ours to remove (not /dev/full or a pipe).
+        if r.is_err() && std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+            let _ = std::fs::remove_file(path);
+        }
+        r
+    }
+
+    fn write_data<W: std::io::Write>(
+        &self,
+        mut out: GgufStream<W>,
+        tensors: &[TensorDesc],
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<()> {
         let total = self.data_bytes()?;
-        let mut out = GgufStream::create(path, &self.metadata(), &tensors, DEFAULT_ALIGNMENT)?;
         let mut buf = Vec::new();
         let mut done = 0u64;
         for (i, t) in tensors.iter().enumerate() {
             // Seeded per tensor, so a tensor's values do not depend on the ones before.
             let mut rng = Rng::new(self.seed ^ (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let n_bytes = t.n_bytes()?;
             let block = t.ty.type_size() as u64;
             // About 4 MiB per chunk, in whole blocks.
             let per_chunk = ((4u64 << 20) / block).max(1) * block;
-            let mut left = n_bytes;
+            let mut left = t.n_bytes()?;
             while left > 0 {
                 let n = left.min(per_chunk) as usize;
                 buf.resize(n, 0);
@@ -319,8 +333,8 @@ impl SynthSpec {
     }
 }
 
-/// 256 byte tokens and at least a BOS and an EOS.
-const MIN_VOCAB: u64 = 258;
+/// 256 byte tokens and Llama 3's first ten control tokens (BOS, EOS, turn markers).
+const MIN_VOCAB: u64 = 266;
 
 /// Target spread of a weight: about what trained llama matrices have.
 const SIGMA: f32 = 0.02;
@@ -374,9 +388,10 @@ fn byte_char(b: u8) -> char {
     char::from_u32(256 + rank).unwrap_or('?')
 }
 
-/// Control tokens: Llama 3 has 256 after 128000 regular ones; smaller vocabs get fewer.
+/// Control tokens: Llama 3 has 256 after 128000 regular ones; smaller vocabs get fewer,
+/// but always the ten that hold BOS, EOS and the chat template's markers.
 fn n_control(n_vocab: u64) -> u64 {
-    (n_vocab / 500).clamp(2, 256)
+    (n_vocab / 500).clamp(10, 256)
 }
 
 /// Llama 3's control tokens at the start of the block that have a name of their own.
@@ -419,17 +434,16 @@ fn tokenizer_metadata(n_vocab: u64) -> Vec<(String, Value)> {
         i += 1;
     }
     let mut types = vec![Value::I32(1); tokens.len()];
-    let llama3_layout = n_ctl >= 10;
+    // Reserved tokens are numbered as in Llama 3: the named ones take no number.
+    let mut reserved = 0;
     for k in 0..n_ctl {
-        let named = LLAMA3_CONTROL
-            .iter()
-            .find(|(o, _)| *o == k && llama3_layout);
-        tokens.push(match (named, k) {
-            (Some((_, n)), _) => n.to_string(),
-            (None, 0) => "<|begin_of_text|>".into(),
-            (None, 1) => "<|end_of_text|>".into(),
-            _ => format!("<|reserved_special_token_{k}|>"),
-        });
+        match LLAMA3_CONTROL.iter().find(|(o, _)| *o == k) {
+            Some((_, n)) => tokens.push(n.to_string()),
+            None => {
+                tokens.push(format!("<|reserved_special_token_{reserved}|>"));
+                reserved += 1;
+            }
+        }
         types.push(Value::I32(3));
     }
     let strings = |v: Vec<String>| {
@@ -439,7 +453,7 @@ fn tokenizer_metadata(n_vocab: u64) -> Vec<(String, Value)> {
         )
     };
     let id = |k: u64| Value::U32((n_regular + k) as u32);
-    let mut kv = vec![
+    vec![
         (
             "tokenizer.ggml.model".to_string(),
             Value::String("gpt2".into()),
@@ -457,15 +471,12 @@ fn tokenizer_metadata(n_vocab: u64) -> Vec<(String, Value)> {
         ("tokenizer.ggml.bos_token_id".into(), id(0)),
         ("tokenizer.ggml.eos_token_id".into(), id(1)),
         ("tokenizer.ggml.add_bos_token".into(), Value::Bool(true)),
-    ];
-    if llama3_layout {
-        kv.push(("tokenizer.ggml.eot_token_id".into(), id(9)));
-        kv.push((
+        ("tokenizer.ggml.eot_token_id".into(), id(9)),
+        (
             "tokenizer.chat_template".into(),
             Value::String(LLAMA3_TEMPLATE.into()),
-        ));
-    }
-    kv
+        ),
+    ]
 }
 
 // ---------------------------------------------------------------- random blocks

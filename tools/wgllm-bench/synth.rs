@@ -57,26 +57,23 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     spec.validate()?;
     let total = spec.data_bytes()?;
     eprintln!(
-        "writing {}: llama {} layers, n_embd {}, {:.2}B parameters, {}{}, {:.2} GiB of weights",
+        "writing {}: llama {} layers, n_embd {}, {:.1}M parameters, {}{}, {:.2} GiB of weights",
         a.output.display(),
         shape.n_layer,
         shape.n_embd,
-        shape.n_params() as f64 / 1e9,
+        shape.n_params() as f64 / 1e6,
         quant.name(),
         if a.pure { " (pure)" } else { "" },
         total as f64 / (1u64 << 30) as f64
     );
     let t0 = Instant::now();
-    let mut next_report = 0u64;
+    let mut last_tenth = None;
     spec.write(&a.output, |done, total| {
         // A line per tenth: readable in logs, where a progress bar is not.
-        if done >= next_report {
-            eprintln!(
-                "  {:3}%  {:.1} s",
-                done * 100 / total.max(1),
-                t0.elapsed().as_secs_f64()
-            );
-            next_report += total / 10;
+        let tenth = done * 10 / total.max(1);
+        if last_tenth != Some(tenth) {
+            last_tenth = Some(tenth);
+            eprintln!("  {:3}%  {:.1} s", tenth * 10, t0.elapsed().as_secs_f64());
         }
     })?;
     let secs = t0.elapsed().as_secs_f64();
