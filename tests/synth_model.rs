@@ -233,3 +233,19 @@ fn the_synth_command_writes_a_loadable_file_and_refuses_bad_options() {
         assert!(!out_path.exists(), "a refused command created {out_path:?}");
     }
 }
+
+#[test]
+fn a_data_section_past_2_64_bytes_is_an_error() {
+    use wgllm::gguf::{GgufStream, TensorDesc};
+    // Each tensor's size fits 64 bits; their sum does not.
+    let big = TensorDesc::new("big", &[1 << 20, 1 << 41], GgmlType::F32);
+    let descs = [
+        big.clone(),
+        TensorDesc::new("next", &[1 << 20, 1 << 41], GgmlType::F32),
+    ];
+    let err = GgufStream::new(Vec::new(), "<test>", &[], &descs, 32)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("'next'") && err.contains("2^64"), "{err}");
+}

@@ -112,10 +112,16 @@ impl<W: Write> GgufStream<W> {
             .collect::<Result<Vec<u64>>>()?;
         let mut offsets = Vec::with_capacity(tensors.len());
         let mut end = 0u64;
-        for n in &sizes {
-            let start = round_up(end, layout);
+        for (t, n) in tensors.iter().zip(&sizes) {
+            let start = end.checked_next_multiple_of(layout);
+            let Some((start, next)) = start.and_then(|s| Some((s, s.checked_add(*n)?))) else {
+                return Err(Error::invalid(format!(
+                    "tensor '{}': the data section would pass 2^64 bytes",
+                    t.name
+                )));
+            };
             offsets.push(start);
-            end = start + n;
+            end = next;
         }
         let header = header(entries, tensors, &offsets, alignment);
         let pad = round_up(header.len() as u64, layout) - header.len() as u64;
