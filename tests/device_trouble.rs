@@ -3,6 +3,7 @@
 //!
 //! Uses the real SmolLM2 model in `models/` and the first adapter (lavapipe here).
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::sync::Arc;
@@ -271,4 +272,53 @@ fn validation_errors_are_caught_by_error_scopes() {
         .unwrap()
         .to_string();
     assert!(err.contains("too big") && err.contains("limit"), "{err}");
+}
+
+/// The error of a step that must fail, or a test failure naming how it did not.
+fn step_error(m: &mut GpuModel, ids: &[u32], pos: u32, what: &str) -> String {
+    match catch_unwind(AssertUnwindSafe(|| m.step(ids, pos, Logits::Last))) {
+        Err(_) => panic!("{what}: panicked instead of returning an error"),
+        Ok(Ok(_)) => panic!("{what}: ran on a destroyed device"),
+        Ok(Err(e)) => e.to_string(),
+    }
+}
+
+#[test]
+fn a_lost_device_is_an_error_that_says_what_to_do() {
+    // A context of its own: destroying the device ends it for everyone holding it.
+    let (mut m, tok) = load(&DeviceOptions::default(), 16).unwrap();
+    let ids = tok.encode("Hi there", false, false).unwrap();
+    m.step(&ids, 0, Logits::Last).unwrap();
+    assert!(!m.ctx.is_lost());
+
+    // What a driver reset or an unplugged GPU does, mid-session.
+    m.ctx.device.destroy();
+    let pos = ids.len() as u32;
+    let err = step_error(&mut m, &ids[..1], pos, "a step after the device was lost");
+    assert!(m.ctx.is_lost(), "the lost flag is not set");
+    assert!(err.contains("GPU device was lost"), "{err}");
+    assert!(err.contains("--gpu-layers 0"), "{err}");
+    assert!(!err.contains('\n'), "not one line: {err}");
+    // It stays an error (no panic on a second try), and a new model on the lost
+    // device is refused the same way.
+    let again = step_error(&mut m, &ids[..1], pos, "a second step");
+    assert!(again.contains("--gpu-layers 0"), "{again}");
+    let file = GgufFile::open(model_path()).unwrap();
+    let cfg = Config::from_metadata(file.metadata()).unwrap();
+    let lo = LoadOptions {
+        n_ctx: 16,
+        n_batch: 8,
+        ..Default::default()
+    };
+    let loaded = catch_unwind(AssertUnwindSafe(|| {
+        GpuModel::load(m.ctx.clone(), &file, cfg, &lo).map(drop)
+    }));
+    match loaded {
+        Err(_) => panic!("loading on a lost device panicked"),
+        Ok(Ok(())) => panic!("loading on a lost device succeeded"),
+        Ok(Err(e)) => {
+            let e = e.to_string();
+            assert!(e.contains("--gpu-layers 0"), "{e}");
+        }
+    }
 }

@@ -61,6 +61,7 @@ pub fn run(a: ChatArgs) -> Result<()> {
         "device: {} — type a message; /exit to quit, Ctrl-C stops a reply",
         m.device
     );
+    let mut turn = 0u32;
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -76,21 +77,39 @@ pub fn run(a: ChatArgs) -> Result<()> {
         }
         messages.push(Message::new("user", line));
         let full = template.render(&messages, true)?;
-        let delta = match full.strip_prefix(fed.as_str()) {
-            Some(d) if !fed.is_empty() => d.to_owned(),
+        let ids = match full.strip_prefix(fed.as_str()) {
+            Some(d) if !fed.is_empty() => m.tokenizer.encode(d, false, true)?,
             _ => {
-                // Nothing cached, or the template re-rendered earlier turns differently.
-                m.session.reset();
-                full.clone()
+                // Nothing cached, or the template re-rendered earlier turns differently
+                // (Gemma's trims the reply's trailing newline): tokenize the whole prompt
+                // and keep the part of the cache that still matches it.
+                let add_bos = !(bos_text.is_empty() || full.starts_with(&bos_text));
+                let all = m.tokenizer.encode(&full, add_bos, true)?;
+                let same = all
+                    .iter()
+                    .zip(&m.session.history)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    // At least one token is processed, so the logits are fresh.
+                    .min(all.len().saturating_sub(1));
+                m.session.truncate(same as u32);
+                all[same..].to_vec()
             }
         };
-        let add_bos =
-            m.session.n_past() == 0 && !(bos_text.is_empty() || delta.starts_with(&bos_text));
-        let ids = m.tokenizer.encode(&delta, add_bos, true)?;
+        let cached = m.session.n_past();
+        let t0 = std::time::Instant::now();
         m.session.feed(&ids)?;
         fed = full;
         stop.store(false, Ordering::SeqCst);
-        let reply = generate(&mut m, &mut sampler, &a, &stop)?;
+        let (reply, n_gen) = generate(&mut m, &mut sampler, &a, &stop)?;
+        turn += 1;
+        // One line per turn: shows the cache at work (only the new text is processed)
+        // and the speed, without mixing into the reply on stdout.
+        eprintln!(
+            "[turn {turn}: {} prompt tokens processed, {cached} from cache; {n_gen} generated; {:.1} s]",
+            ids.len(),
+            t0.elapsed().as_secs_f64()
+        );
         fed.push_str(&reply);
         messages.push(Message::new("assistant", reply));
     }
@@ -106,12 +125,13 @@ pub fn run(a: ChatArgs) -> Result<()> {
 }
 
 /// Sample a reply until end of turn, the token limit, a full context or Ctrl-C.
+/// Returns the reply's text and its number of tokens.
 fn generate(
     m: &mut super::common::Loaded,
     sampler: &mut Sampler,
     a: &ChatArgs,
     stop: &AtomicBool,
-) -> Result<String> {
+) -> Result<(String, i64)> {
     let tok = &m.tokenizer;
     let mut dec = StreamDecoder::new();
     let mut out = String::new();
@@ -143,5 +163,5 @@ fn generate(
     let tail = dec.finish();
     out.push_str(&tail);
     let _ = writeln!(stdout, "{tail}");
-    Ok(out)
+    Ok((out, n))
 }

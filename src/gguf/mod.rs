@@ -9,8 +9,9 @@
 
 pub mod metadata;
 pub mod reader;
+pub mod synth;
 pub mod writer;
 
 pub use metadata::{Metadata, Value, ValueType};
 pub use reader::{GgufFile, TensorInfo};
-pub use writer::GgufWriter;
+pub use writer::{GgufStream, GgufWriter, TensorDesc};

@@ -1,8 +1,16 @@
-//! Builds GGUF v3 files: tiny synthetic models for tests and tools.
+//! Builds GGUF v3 files: tiny synthetic models for tests, and whole synthetic models
+//! for benchmarks.
 //!
-//! The writer lays out what it is given and checks only that each tensor's data matches
-//! its shape and type. It does not refuse duplicate keys or names, zero dimensions or more
-//! than four of them: tests use it to build files that the reader must reject.
+//! Two APIs share one layout:
+//! - [`GgufStream`] writes the header from tensor *descriptions* (name, shape, type),
+//!   then takes each tensor's data in order, in chunks of any size. Nothing but the
+//!   header is held in memory, so a multi-gigabyte model streams straight to disk.
+//! - [`GgufWriter`] collects metadata and tensor data in memory and writes through
+//!   [`GgufStream`]; tests use it to build small files, valid or not.
+//!
+//! Neither refuses duplicate keys or names, zero dimensions or more than four of them:
+//! tests use them to build files that the reader must reject. Only each tensor's data
+//! size is checked against its shape and type.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -16,10 +24,217 @@ use crate::{Error, Result};
 /// The version written.
 pub const WRITE_VERSION: u32 = 3;
 
+/// A tensor as the header describes it: name, dims in ggml order (ne0 first), type.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorDesc {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub ty: GgmlType,
+}
+
+impl TensorDesc {
+    pub fn new(name: impl Into<String>, dims: &[u64], ty: GgmlType) -> TensorDesc {
+        TensorDesc {
+            name: name.into(),
+            dims: dims.to_vec(),
+            ty,
+        }
+    }
+
+    /// Bytes of data the shape takes in its type, or an error naming the tensor when the
+    /// first dimension is not whole blocks or the size overflows.
+    pub fn n_bytes(&self) -> Result<u64> {
+        expected_bytes(&self.dims, self.ty).ok_or_else(|| {
+            Error::invalid(format!(
+                "tensor '{}': dims {:?} are not whole {} blocks or overflow",
+                self.name, self.dims, self.ty
+            ))
+        })
+    }
+}
+
+/// Writes a GGUF file in one pass: header first (every tensor's size is known from its
+/// shape), then each tensor's data in header order, each padded to the alignment.
+///
+/// ```text
+/// let mut s = GgufStream::create(path, &kv, &descs, DEFAULT_ALIGNMENT)?;
+/// for d in &descs { while … { s.write_data(&chunk)?; } }
+/// s.finish()?;
+/// ```
+pub struct GgufStream<W: Write> {
+    w: W,
+    /// Where errors say the output goes (a file path, or a placeholder for a stream).
+    dest: PathBuf,
+    alignment: u64,
+    tensors: Vec<(String, u64)>,
+    offsets: Vec<u64>,
+    /// Index of the tensor being written, and how many of its bytes are written.
+    current: usize,
+    written: u64,
+    /// Position relative to the data section start.
+    pos: u64,
+}
+
+impl GgufStream<BufWriter<File>> {
+    /// Creates `path` and writes the header. See [`GgufStream::new`].
+    pub fn create(
+        path: &Path,
+        entries: &[(String, Value)],
+        tensors: &[TensorDesc],
+        alignment: u64,
+    ) -> Result<Self> {
+        let file = File::create(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // A large buffer: tensors arrive in chunks and the file is written sequentially.
+        let w = BufWriter::with_capacity(1 << 20, file);
+        GgufStream::new(w, path, entries, tensors, alignment)
+    }
+}
+
+impl<W: Write> GgufStream<W> {
+    /// Writes the header to `w` and the padding up to the data section. `dest` names the
+    /// output in error messages. `alignment` follows [`GgufWriter::with_alignment`]: a
+    /// non-default value is recorded as `general.alignment` unless `entries` has that key.
+    pub fn new(
+        mut w: W,
+        dest: impl Into<PathBuf>,
+        entries: &[(String, Value)],
+        tensors: &[TensorDesc],
+        alignment: u64,
+    ) -> Result<Self> {
+        let dest = dest.into();
+        let layout = alignment.max(1);
+        let sizes = tensors
+            .iter()
+            .map(TensorDesc::n_bytes)
+            .collect::<Result<Vec<u64>>>()?;
+        let mut offsets = Vec::with_capacity(tensors.len());
+        let mut end = 0u64;
+        for (t, n) in tensors.iter().zip(&sizes) {
+            let start = end.checked_next_multiple_of(layout);
+            let Some((start, next)) = start.and_then(|s| Some((s, s.checked_add(*n)?))) else {
+                return Err(Error::invalid(format!(
+                    "tensor '{}': the data section would pass 2^64 bytes",
+                    t.name
+                )));
+            };
+            offsets.push(start);
+            end = next;
+        }
+        let header = header(entries, tensors, &offsets, alignment);
+        let pad = round_up(header.len() as u64, layout) - header.len() as u64;
+        let io = |source| Error::Io {
+            path: dest.clone(),
+            source,
+        };
+        w.write_all(&header).map_err(io)?;
+        write_zeros(&mut w, pad).map_err(io)?;
+        Ok(GgufStream {
+            w,
+            dest,
+            alignment: layout,
+            tensors: tensors.iter().map(|t| t.name.clone()).zip(sizes).collect(),
+            offsets,
+            current: 0,
+            written: 0,
+            pos: 0,
+        })
+    }
+
+    /// Appends `chunk` to the data of the current tensor (the first one not yet
+    /// complete, in header order). A chunk may not run past the end of its tensor.
+    pub fn write_data(&mut self, chunk: &[u8]) -> Result<()> {
+        self.advance()?;
+        let Some((name, size)) = self.tensors.get(self.current) else {
+            return Err(Error::invalid(format!(
+                "{}: {} bytes of tensor data after the last tensor",
+                self.dest.display(),
+                chunk.len()
+            )));
+        };
+        let left = size - self.written;
+        if chunk.len() as u64 > left {
+            return Err(Error::invalid(format!(
+                "{}: tensor '{name}' has {left} of its {size} bytes left, got a chunk of {}",
+                self.dest.display(),
+                chunk.len()
+            )));
+        }
+        if self.written == 0 {
+            self.pad_to(self.offsets[self.current])?;
+        }
+        self.w.write_all(chunk).map_err(|e| self.io(e))?;
+        self.written += chunk.len() as u64;
+        self.pos += chunk.len() as u64;
+        Ok(())
+    }
+
+    /// Padding goes in when the next tensor starts, so there is none after the last
+    /// one's data: every truncation of the file cuts into some tensor.
+    fn pad_to(&mut self, offset: u64) -> Result<()> {
+        let pad = offset.saturating_sub(self.pos);
+        write_zeros(&mut self.w, pad).map_err(|e| self.io(e))?;
+        self.pos += pad;
+        Ok(())
+    }
+
+    fn io(&self, source: std::io::Error) -> Error {
+        Error::Io {
+            path: self.dest.clone(),
+            source,
+        }
+    }
+
+    /// Moves past complete tensors. An empty one takes no chunk; its padding is still
+    /// written so its offset lies within the file.
+    fn advance(&mut self) -> Result<()> {
+        while let Some((_, size)) = self.tensors.get(self.current) {
+            if self.written < *size {
+                break;
+            }
+            if *size == 0 {
+                self.pad_to(self.offsets[self.current])?;
+            }
+            self.current += 1;
+            self.written = 0;
+        }
+        Ok(())
+    }
+
+    /// The tensor the next chunk goes to, and how many of its bytes are still missing.
+    pub fn pending(&self) -> Option<(&str, u64)> {
+        // Tensors after `current` may be complete only if empty; skip those too.
+        self.tensors[self.current.min(self.tensors.len())..]
+            .iter()
+            .enumerate()
+            .map(|(i, (n, s))| (n, if i == 0 { s - self.written } else { *s }))
+            .find(|(_, left)| *left > 0)
+            .map(|(n, left)| (n.as_str(), left))
+    }
+
+    /// Bytes of data-section padding: tensors start on multiples of this.
+    pub fn alignment(&self) -> u64 {
+        self.alignment
+    }
+
+    /// Checks every tensor got all its bytes, flushes, and returns the writer.
+    pub fn finish(mut self) -> Result<W> {
+        self.advance()?;
+        if let Some((name, left)) = self.pending() {
+            return Err(Error::invalid(format!(
+                "{}: tensor '{name}' is missing {left} bytes of data",
+                self.dest.display()
+            )));
+        }
+        self.w.flush().map_err(|e| self.io(e))?;
+        Ok(self.w)
+    }
+}
+
 struct PendingTensor {
-    name: String,
-    dims: Vec<u64>,
-    ty: GgmlType,
+    desc: TensorDesc,
     data: Vec<u8>,
 }
 
@@ -68,120 +283,86 @@ impl GgufWriter {
         ty: GgmlType,
         data: Vec<u8>,
     ) -> Result<&mut Self> {
-        let expected = expected_bytes(dims, ty).ok_or_else(|| {
-            Error::invalid(format!(
-                "tensor '{name}': dims {dims:?} are not whole {ty} blocks or overflow"
-            ))
-        })?;
+        let desc = TensorDesc::new(name, dims, ty);
+        let expected = desc.n_bytes()?;
         if data.len() as u64 != expected {
             return Err(Error::invalid(format!(
                 "tensor '{name}': {ty} {dims:?} takes {expected} bytes, got {}",
                 data.len()
             )));
         }
-        self.tensors.push(PendingTensor {
-            name: name.to_string(),
-            dims: dims.to_vec(),
-            ty,
-            data,
-        });
+        self.tensors.push(PendingTensor { desc, data });
         Ok(self)
     }
 
     /// The whole file in memory.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let header = self.header();
         let data_len: usize = self.tensors.iter().map(|t| t.data.len() + 64).sum();
-        let mut out = Vec::with_capacity(header.len() + data_len);
-        // Writing to a Vec cannot fail.
-        let _ = self.write_parts(&header, &mut out);
+        let mut out = Vec::with_capacity(data_len + 4096);
+        // Writing to a Vec cannot fail, and add_tensor checked every size.
+        let _ = self.stream_into(&mut out, "<memory>");
         out
     }
 
-    /// Streams the file to `w`: the header is built in memory, tensor data is written
-    /// straight from the buffers it was added with.
+    /// Streams the file to `w`; tensor data is written straight from the buffers it was
+    /// added with.
     pub fn write_to(&self, w: &mut impl Write) -> Result<()> {
-        let header = self.header();
-        self.write_parts(&header, w).map_err(|source| Error::Io {
-            path: PathBuf::from("<GGUF output stream>"),
-            source,
-        })
+        self.stream_into(w, "<GGUF output stream>").map(drop)
     }
 
     pub fn write_file(&self, path: &Path) -> Result<()> {
-        let io_err = |source| Error::Io {
+        let file = File::create(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,
+        })?;
+        self.stream_into(BufWriter::new(file), path).map(drop)
+    }
+
+    fn stream_into<W: Write>(&self, w: W, dest: impl Into<PathBuf>) -> Result<W> {
+        let descs: Vec<TensorDesc> = self.tensors.iter().map(|t| t.desc.clone()).collect();
+        let mut s = GgufStream::new(w, dest, &self.entries, &descs, self.alignment)?;
+        for t in self.tensors.iter().filter(|t| !t.data.is_empty()) {
+            s.write_data(&t.data)?;
+        }
+        s.finish()
+    }
+}
+
+/// Magic, counts, metadata and tensor descriptions (everything before the padding).
+fn header(
+    entries: &[(String, Value)],
+    tensors: &[TensorDesc],
+    offsets: &[u64],
+    alignment: u64,
+) -> Vec<u8> {
+    let auto_alignment =
+        alignment != DEFAULT_ALIGNMENT && !entries.iter().any(|(k, _)| k == "general.alignment");
+    let mut h = Vec::new();
+    h.extend_from_slice(b"GGUF");
+    h.extend_from_slice(&WRITE_VERSION.to_le_bytes());
+    h.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    let n_kv = entries.len() + usize::from(auto_alignment);
+    h.extend_from_slice(&(n_kv as u64).to_le_bytes());
+    for (key, value) in entries {
+        put_kv(&mut h, key, value);
+    }
+    if auto_alignment {
+        let v = match u32::try_from(alignment) {
+            Ok(a) => Value::U32(a),
+            Err(_) => Value::U64(alignment),
         };
-        let file = File::create(path).map_err(io_err)?;
-        let mut w = BufWriter::new(file);
-        let header = self.header();
-        self.write_parts(&header, &mut w).map_err(io_err)?;
-        w.flush().map_err(io_err)
+        put_kv(&mut h, "general.alignment", &v);
     }
-
-    fn layout_alignment(&self) -> u64 {
-        self.alignment.max(1)
+    for (t, offset) in tensors.iter().zip(offsets) {
+        put_str(&mut h, &t.name);
+        h.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
+        for d in &t.dims {
+            h.extend_from_slice(&d.to_le_bytes());
+        }
+        h.extend_from_slice(&(t.ty as u32).to_le_bytes());
+        h.extend_from_slice(&offset.to_le_bytes());
     }
-
-    /// Relative offset of each tensor's data: packed in order, each start aligned.
-    fn tensor_offsets(&self) -> Vec<u64> {
-        let mut offsets = Vec::with_capacity(self.tensors.len());
-        let mut end = 0u64;
-        for t in &self.tensors {
-            let start = round_up(end, self.layout_alignment());
-            offsets.push(start);
-            end = start + t.data.len() as u64;
-        }
-        offsets
-    }
-
-    /// Magic, counts, metadata and tensor descriptions (everything before the padding).
-    fn header(&self) -> Vec<u8> {
-        let auto_alignment = self.alignment != DEFAULT_ALIGNMENT
-            && !self.entries.iter().any(|(k, _)| k == "general.alignment");
-        let mut h = Vec::new();
-        h.extend_from_slice(b"GGUF");
-        h.extend_from_slice(&WRITE_VERSION.to_le_bytes());
-        h.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        let n_kv = self.entries.len() + usize::from(auto_alignment);
-        h.extend_from_slice(&(n_kv as u64).to_le_bytes());
-        for (key, value) in &self.entries {
-            put_kv(&mut h, key, value);
-        }
-        if auto_alignment {
-            let v = match u32::try_from(self.alignment) {
-                Ok(a) => Value::U32(a),
-                Err(_) => Value::U64(self.alignment),
-            };
-            put_kv(&mut h, "general.alignment", &v);
-        }
-        for (t, offset) in self.tensors.iter().zip(self.tensor_offsets()) {
-            put_str(&mut h, &t.name);
-            h.extend_from_slice(&(t.dims.len() as u32).to_le_bytes());
-            for d in &t.dims {
-                h.extend_from_slice(&d.to_le_bytes());
-            }
-            h.extend_from_slice(&(t.ty as u32).to_le_bytes());
-            h.extend_from_slice(&offset.to_le_bytes());
-        }
-        h
-    }
-
-    /// Header, padding to the data section, then each tensor at its offset. No padding
-    /// after the last tensor, so every truncation of the file cuts into some tensor.
-    fn write_parts(&self, header: &[u8], w: &mut impl Write) -> std::io::Result<()> {
-        w.write_all(header)?;
-        let data_offset = round_up(header.len() as u64, self.layout_alignment());
-        write_zeros(w, data_offset - header.len() as u64)?;
-        let mut pos = 0u64;
-        for (t, offset) in self.tensors.iter().zip(self.tensor_offsets()) {
-            write_zeros(w, offset - pos)?;
-            w.write_all(&t.data)?;
-            pos = offset + t.data.len() as u64;
-        }
-        Ok(())
-    }
+    h
 }
 
 /// Bytes a tensor of this shape and type takes; dims beyond the first multiply rows.

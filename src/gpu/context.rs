@@ -169,8 +169,13 @@ impl GpuContext {
         });
         // Errors are captured with error scopes where they can happen; anything else is
         // reported rather than aborting the process.
-        device.on_uncaptured_error(Arc::new(|e: wgpu::Error| {
-            eprintln!("error: GPU: {e}");
+        let flag = lost.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            // On a lost device every call fails; the loss itself is reported once, by
+            // the operation that finds it (see `check_lost`).
+            if !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                eprintln!("error: GPU: {e}");
+            }
         }));
         Ok(GpuContext {
             subgroup_min_size: info.subgroup_min_size,
@@ -202,6 +207,37 @@ impl GpuContext {
 
     pub fn is_lost(&self) -> bool {
         self.lost.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The error for work asked of a lost device: what happened and what to do.
+    pub fn lost_error() -> Error {
+        Error::gpu(
+            "the GPU device was lost (driver reset, GPU removed or hung); \
+             restart wgllm, or run on the CPU with --gpu-layers 0",
+        )
+    }
+
+    /// `Err(lost_error())` once the device is lost. wgpu reports a loss (including a
+    /// `destroy()`) through the lost callback only while it polls, so poll first.
+    pub fn check_lost(&self) -> Result<()> {
+        // A failed poll on a lost device is what this checks for; its error adds nothing.
+        let _ = self.device.poll(wgpu::PollType::Poll);
+        if self.is_lost() {
+            return Err(Self::lost_error());
+        }
+        Ok(())
+    }
+
+    /// `r`, unless it failed because the device is gone: then the loss is the error the
+    /// user should see, not its symptom (a failed map or submit).
+    pub fn explain_loss<T>(&self, r: Result<T>) -> Result<T> {
+        match r {
+            Err(e) => match self.check_lost() {
+                Err(lost) => Err(lost),
+                Ok(()) => Err(e),
+            },
+            ok => ok,
+        }
     }
 
     /// A one-line description: name, backend, type, driver.

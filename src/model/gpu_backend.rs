@@ -236,8 +236,19 @@ fn act_bytes(per_token: u32, n: u32) -> u64 {
 
 impl GpuModel {
     /// Upload `file`'s weights and record the graph for contexts of `n_ctx` tokens and
-    /// batches of up to `n_batch`.
+    /// batches of up to `n_batch`. A lost device is an error saying so.
     pub fn load(
+        ctx: Arc<GpuContext>,
+        file: &GgufFile,
+        cfg: Config,
+        opts: &LoadOptions,
+    ) -> Result<GpuModel> {
+        ctx.check_lost()?;
+        let r = Self::load_on(ctx.clone(), file, cfg, opts);
+        ctx.explain_loss(r)
+    }
+
+    fn load_on(
         ctx: Arc<GpuContext>,
         file: &GgufFile,
         cfg: Config,
@@ -400,8 +411,15 @@ impl GpuModel {
         self.step_io(Input::Tokens(tokens), pos, Output::Logits(mode))
     }
 
-    /// One forward step from `input` at positions `pos..`, returning `output`.
+    /// One forward step from `input` at positions `pos..`, returning `output`. On a
+    /// lost device this is an error saying so (and what to do), never a panic.
     pub fn step_io(&mut self, input: Input<'_>, pos: u32, output: Output) -> Result<Vec<f32>> {
+        self.ctx.check_lost()?;
+        let r = self.run_step(input, pos, output);
+        self.ctx.explain_loss(r)
+    }
+
+    fn run_step(&mut self, input: Input<'_>, pos: u32, output: Output) -> Result<Vec<f32>> {
         let n = match input {
             Input::Tokens(t) => t.len() as u32,
             Input::Hidden(h) => (h.len() / self.cfg.n_embd as usize) as u32,
@@ -502,11 +520,8 @@ impl GpuModel {
         if let Some(prof) = self.profiler.as_mut() {
             prof.collect(&self.ctx)?;
         }
-        if self.ctx.is_lost() {
-            return Err(Error::gpu(
-                "the GPU device was lost; try again with --gpu-layers 0",
-            ));
-        }
+        // A loss during this step may leave garbage in a readback that still succeeded.
+        self.ctx.check_lost()?;
         Ok(out)
     }
 

@@ -3,12 +3,13 @@
 //!   wgllm-bench kernels [--op mul_mat] [--type q4_0] [--shape 4096x4096] [--variant v] [--json]
 //!   wgllm-bench model -m MODEL [-p 512] [-n 128] [-r 5] [-ngl N] [-b N] [--json]
 //!   wgllm-bench peak [--all]
-//!   wgllm-bench synth --arch llama --size 1b --type q4_0 -o FILE
+//!   wgllm-bench synth --arch llama --size 1b --type q4_0 [--pure] [--layers N] -o FILE
 
 mod kernels;
 mod model;
 mod peak;
 mod report;
+mod synth;
 mod timing;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,8 @@ enum Cmd {
     Kernels(report::KernelArgs),
     /// Whole-model pp / tg throughput (llama-bench style).
     Model(model::ModelArgs),
+    /// Write a llama GGUF with random weights in a real size class (1b, 8b).
+    Synth(synth::SynthArgs),
 }
 
 #[derive(clap::Args)]
@@ -56,6 +59,7 @@ fn main() {
         Cmd::Peak(a) => run_peak(&a),
         Cmd::Kernels(a) => report::run_kernels(&a),
         Cmd::Model(a) => model::run(&a),
+        Cmd::Synth(a) => synth::run(&a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");

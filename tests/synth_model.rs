@@ -1,0 +1,251 @@
+//! Synthetic models from `wgllm::gguf::synth` (what `wgllm-bench synth` writes): a tiny
+//! one in each weight scheme is accepted by the reader, the configuration and the
+//! tokenizer, and a CPU forward pass gives finite logits.
+
+use std::sync::Arc;
+
+use wgllm::cpu::backend::CpuModel;
+use wgllm::gguf::synth::{LlamaShape, SynthQuant, SynthSpec};
+use wgllm::gguf::GgufFile;
+use wgllm::gpu::{DeviceOptions, GpuContext};
+use wgllm::model::gpu_backend::{GpuModel, LoadOptions, Logits};
+use wgllm::model::Config;
+use wgllm::quant::GgmlType;
+use wgllm::tokenizer::Tokenizer;
+
+fn write(spec: &SynthSpec, name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgllm-synth-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.gguf"));
+    let mut last = (0, 0);
+    spec.write(&path, |done, total| last = (done, total))
+        .unwrap();
+    assert_eq!(last.0, last.1, "{name}: progress did not reach the total");
+    path
+}
+
+#[test]
+fn tiny_synthetic_models_load_and_give_finite_logits() {
+    for quant in SynthQuant::ALL {
+        let spec = SynthSpec::new(LlamaShape::TINY, quant);
+        let path = write(&spec, quant.name());
+        let file = GgufFile::open(&path).unwrap();
+
+        // The reader's table is the plan, type for type.
+        let want = spec.tensors();
+        assert_eq!(file.tensors().len(), want.len(), "{}", quant.name());
+        for (got, want) in file.tensors().iter().zip(&want) {
+            assert_eq!(got.name, want.name);
+            assert_eq!(got.ty, want.ty, "{}", want.name);
+        }
+        let file_len = std::fs::metadata(&path).unwrap().len();
+        assert!(file_len > spec.data_bytes().unwrap());
+
+        let cfg = Config::from_metadata(file.metadata()).unwrap();
+        assert_eq!(cfg.n_vocab as u64, LlamaShape::TINY.n_vocab);
+        let tok = Tokenizer::from_gguf(file.metadata()).unwrap();
+        let ids = tok.encode("hello world", true, false).unwrap();
+        assert!(ids.len() >= 2, "{}: {ids:?}", quant.name());
+
+        let mut m = CpuModel::load(Arc::new(file), cfg, 64, 16, 2).unwrap();
+        let logits = m.step(&ids, 0, Logits::Last).unwrap();
+        assert_eq!(logits.len() as u64, LlamaShape::TINY.n_vocab);
+        assert!(
+            logits.iter().all(|x| x.is_finite()),
+            "{}: non-finite logits",
+            quant.name()
+        );
+        // Random weights still give logits that differ between tokens.
+        let (lo, hi) = logits
+            .iter()
+            .fold((f32::MAX, f32::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+        assert!(hi - lo > 1e-3, "{}: flat logits {lo}..{hi}", quant.name());
+        // A second step continues from the cache.
+        let next = m.step(&[ids[0]], ids.len() as u32, Logits::Last).unwrap();
+        assert!(next.iter().all(|x| x.is_finite()));
+        std::fs::remove_file(&path).ok();
+    }
+}
+
+#[test]
+fn gpu_and_cpu_agree_on_synthetic_weights() {
+    // Random blocks reach scale and quant values trained weights rarely do (every
+    // 6-bit scale/min pattern, negative Q6_K scales): both backends must still agree.
+    // Logits of random weights are nearly flat, so compare values, not argmax.
+    let ctx = Arc::new(
+        GpuContext::new(&DeviceOptions::default())
+            .expect("a GPU adapter (lavapipe) is needed: GPU tests fail rather than skip"),
+    );
+    for quant in [SynthQuant::Q4_0, SynthQuant::Q8_0, SynthQuant::Q4_K_M] {
+        let spec = SynthSpec::new(LlamaShape::TINY, quant);
+        let path = write(&spec, &format!("gpu-{}", quant.name()));
+        let file = GgufFile::open(&path).unwrap();
+        let cfg = Config::from_metadata(file.metadata()).unwrap();
+        let ids = [300u32, 301, 302, 7, 500];
+        let lo = LoadOptions {
+            n_ctx: 64,
+            n_batch: 8,
+            ..Default::default()
+        };
+        let mut gpu = GpuModel::load(ctx.clone(), &file, cfg.clone(), &lo).unwrap();
+        let g = gpu.step(&ids, 0, Logits::Last).unwrap();
+        let mut cpu = CpuModel::load(Arc::new(file), cfg, 64, 8, 2).unwrap();
+        let c = cpu.step(&ids, 0, Logits::Last).unwrap();
+        assert!(g.iter().all(|x| x.is_finite()), "{}", quant.name());
+        let num: f64 = g
+            .iter()
+            .zip(&c)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let den: f64 = c.iter().map(|b| (*b as f64).powi(2)).sum();
+        // Both quantize activations differently; about 2e-4 is what they differ by.
+        assert!(
+            num / den < 2e-3,
+            "{}: GPU and CPU logits differ, nmse {:.2e}",
+            quant.name(),
+            num / den
+        );
+        std::fs::remove_file(&path).ok();
+    }
+}
+
+#[test]
+fn the_q4_k_m_mix_uses_q6_k_where_llama_cpp_does() {
+    let spec = SynthSpec::new(LlamaShape::TINY, SynthQuant::Q4_K_M);
+    let ty = |n: &str| spec.tensors().into_iter().find(|t| t.name == n).unwrap().ty;
+    assert_eq!(ty("output.weight"), GgmlType::Q6_K);
+    assert_eq!(ty("token_embd.weight"), GgmlType::Q4_K);
+    assert_eq!(ty("blk.0.attn_q.weight"), GgmlType::Q4_K);
+    // Two layers: both are in the first or last eighth rounded, so both get more bits.
+    assert_eq!(ty("blk.1.ffn_down.weight"), GgmlType::Q6_K);
+    assert_eq!(ty("blk.0.attn_norm.weight"), GgmlType::F32);
+    let pure = SynthSpec {
+        pure: true,
+        ..spec.clone()
+    };
+    assert!(pure
+        .tensors()
+        .iter()
+        .all(|t| t.dims.len() == 1 || t.ty == GgmlType::Q4_K));
+}
+
+#[test]
+fn shapes_that_do_not_fit_the_types_are_refused() {
+    let shape = LlamaShape {
+        n_embd: 96,
+        ..LlamaShape::TINY
+    };
+    let n_head = LlamaShape {
+        n_head: 3,
+        n_head_kv: 3,
+        ..shape
+    };
+    let err = SynthSpec::new(n_head, SynthQuant::Q4_K_M)
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("token_embd.weight"), "{err}");
+    let err = SynthSpec::new(
+        LlamaShape {
+            n_vocab: 100,
+            ..LlamaShape::TINY
+        },
+        SynthQuant::Q8_0,
+    )
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("vocab 100"), "{err}");
+}
+
+#[test]
+fn streamed_file_equals_the_in_memory_one() {
+    use wgllm::gguf::{GgufStream, GgufWriter, TensorDesc, Value};
+    let a: Vec<u8> = (0..4 * 40).map(|i| i as u8).collect();
+    let b: Vec<u8> = (0..34 * 3).map(|i| (i * 7) as u8).collect();
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::String("llama".into()));
+    w.add_tensor("a", &[40], GgmlType::F32, a.clone()).unwrap();
+    w.add_tensor("b", &[32, 3], GgmlType::Q8_0, b.clone())
+        .unwrap();
+    let whole = w.to_bytes();
+
+    let kv = vec![(
+        "general.architecture".to_string(),
+        Value::String("llama".into()),
+    )];
+    let descs = [
+        TensorDesc::new("a", &[40], GgmlType::F32),
+        TensorDesc::new("b", &[32, 3], GgmlType::Q8_0),
+    ];
+    let mut s = GgufStream::new(Vec::new(), "<test>", &kv, &descs, 32).unwrap();
+    // Chunks of odd sizes, never across a tensor's end.
+    for c in a.chunks(7).chain(b.chunks(50)) {
+        s.write_data(c).unwrap();
+    }
+    assert_eq!(s.finish().unwrap(), whole);
+
+    // Too much data for a tensor, and too little at the end, are errors naming it.
+    let mut s = GgufStream::new(Vec::new(), "<test>", &kv, &descs, 32).unwrap();
+    let err = s.write_data(&[0; 161]).unwrap_err().to_string();
+    assert!(err.contains("'a'") && err.contains("161"), "{err}");
+    s.write_data(&a).unwrap();
+    s.write_data(&b[..10]).unwrap();
+    let err = s.finish().unwrap_err().to_string();
+    assert!(err.contains("'b'") && err.contains("92 bytes"), "{err}");
+}
+
+#[test]
+fn the_synth_command_writes_a_loadable_file_and_refuses_bad_options() {
+    let dir = std::env::temp_dir().join(format!("wgllm-synth-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let out_path = dir.join("tiny.gguf");
+    let bench = env!("CARGO_BIN_EXE_wgllm-bench");
+    let out = std::process::Command::new(bench)
+        .args(["synth", "--size", "tiny", "--type", "q4_k_m", "-o"])
+        .arg(&out_path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("100%"), "{stderr}");
+    let file = GgufFile::open(&out_path).unwrap();
+    assert_eq!(
+        file.metadata().get_str("general.architecture").unwrap(),
+        Some("llama")
+    );
+    std::fs::remove_file(&out_path).ok();
+
+    for (args, needle) in [
+        (["--size", "70b", "--type", "q4_0"], "--size 70b"),
+        (["--size", "1b", "--type", "q3_k_s"], "--type q3_k_s"),
+    ] {
+        let out = std::process::Command::new(bench)
+            .arg("synth")
+            .args(args)
+            .arg("-o")
+            .arg(&out_path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(stderr.contains(needle), "{stderr}");
+        assert!(!out_path.exists(), "a refused command created {out_path:?}");
+    }
+}
+
+#[test]
+fn a_data_section_past_2_64_bytes_is_an_error() {
+    use wgllm::gguf::{GgufStream, TensorDesc};
+    // Each tensor's size fits 64 bits; their sum does not.
+    let big = TensorDesc::new("big", &[1 << 20, 1 << 41], GgmlType::F32);
+    let descs = [
+        big.clone(),
+        TensorDesc::new("next", &[1 << 20, 1 << 41], GgmlType::F32),
+    ];
+    let err = GgufStream::new(Vec::new(), "<test>", &[], &descs, 32)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("'next'") && err.contains("2^64"), "{err}");
+}
