@@ -39,6 +39,10 @@ struct Params {
 override WG: u32 = 8u;
 // Rows per workgroup.
 const ROWS: u32 = 16u;
+// Single tokens walk chunk pairs (`wdot64`): for types whose neighbouring chunks share
+// words (K-quants' paired nibbles); others walk single chunks, which keeps more lanes
+// busy on short rows.
+override PAIRED: bool = false;
 // Tokens per tile (two vec4 accumulators per row).
 const TILE: u32 = 8u;
 
@@ -112,10 +116,22 @@ fn main(
             }
         }
     }
+    let n_pairs = select(0u, n_chunks / 2u, PAIRED);
     for (; t < n_out; t++) {
         var acc = array<f32, ROWS>();
-        for (var c = l; c < n_chunks; c += WG) {
-            // One token: the decoders' own dot products, with scales outside the sum.
+        for (var c2 = l; c2 < n_pairs; c2 += WG) {
+            // One token: the decoders' own dot products, with scales outside the sum,
+            // two chunks at a time (K-quants share words between neighbouring chunks).
+            let xa = x_chunk(first, t, 2u * c2);
+            let xb = x_chunk(first, t, 2u * c2 + 1u);
+            let sa = x_sum(xa);
+            let sb = x_sum(xb);
+            for (var i = 0u; i < nr; i++) {
+                acc[i] += wdot64((r0 + i) * p.row_bytes, c2, xa, xb, sa, sb);
+            }
+        }
+        // The chunks not walked in pairs (all of them unless PAIRED; an odd last one).
+        for (var c = 2u * n_pairs + l; c < n_chunks; c += WG) {
             let x0 = x_chunk(first, t, c);
             let xs = x_sum(x0);
             for (var i = 0u; i < nr; i++) {

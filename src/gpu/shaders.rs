@@ -14,8 +14,9 @@ macro_rules! wgsl {
 const STEP: &str = wgsl!("common/step.wgsl");
 const BYTES: &str = wgsl!("common/bytes.wgsl");
 const REDUCE: &str = wgsl!("common/reduce.wgsl");
-/// `wdot32` from `decode32`, for decoders without their own.
-const DOT_GENERIC: &str = wgsl!("common/quant/dot_generic.wgsl");
+/// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
+const DOT32_GENERIC: &str = wgsl!("common/quant/dot32_generic.wgsl");
+const DOT64_GENERIC: &str = wgsl!("common/quant/dot64_generic.wgsl");
 
 /// Kernels that are the same for every weight type: (name, helpers, body).
 const OPS: &[(&str, &[&str], &str)] = &[
@@ -94,7 +95,10 @@ pub fn quant_source(name: &str, ty: GgmlType) -> Result<String> {
         .ok_or_else(|| Error::Unsupported(format!("{name} for {ty} weights on the GPU")))?;
     let mut parts = vec![STEP, BYTES, dec];
     if !dec.contains("fn wdot32(") {
-        parts.push(DOT_GENERIC);
+        parts.push(DOT32_GENERIC);
+    }
+    if !dec.contains("fn wdot64(") {
+        parts.push(DOT64_GENERIC);
     }
     parts.extend_from_slice(body);
     Ok(hoist_directives(&join(&parts)))

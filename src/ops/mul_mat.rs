@@ -173,7 +173,14 @@ pub(crate) fn pipeline(
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
         }
         Variant::Wg | Variant::Sg => vec![("WG", ROW_WG as f64)],
-        Variant::Ks | Variant::KsU => vec![("WG", ctx.subgroup_min_size as f64)],
+        Variant::Ks | Variant::KsU => {
+            // Chunk pairs where neighbouring chunks share words (see mul_mat_ks.wgsl).
+            let paired = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K);
+            vec![
+                ("WG", ctx.subgroup_min_size as f64),
+                ("PAIRED", paired as u8 as f64),
+            ]
+        }
     };
     ctx.pipelines.get(&ctx.device, &label, &consts, || {
         crate::gpu::shaders::quant_source(v.shader(), ty)
