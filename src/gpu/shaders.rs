@@ -33,6 +33,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
 ];
 
 const MUL_MAT_ROW: &str = wgsl!("ops/mul_mat_row.wgsl");
+const MUL_MAT_PARAMS: &str = wgsl!("common/mul_mat_params.wgsl");
 const MUL_MAT_WIN: &str = wgsl!("ops/mul_mat_win.wgsl");
 const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 
@@ -40,12 +41,24 @@ const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 /// `mul_mat_*` are the variants of `mul_mat` (see `ops::mul_mat::Variant`).
 const QUANT_OPS: &[(&str, &[&str])] = &[
     ("mul_mat", &[wgsl!("ops/mul_mat.wgsl")]),
-    ("mul_mat_win", &[MUL_MAT_WIN, wgsl!("ops/mul_mat_xs.wgsl")]),
-    ("mul_mat_winu", &[MUL_MAT_WIN, wgsl!("ops/mul_mat_xu.wgsl")]),
+    (
+        "mul_mat_win",
+        &[MUL_MAT_PARAMS, MUL_MAT_WIN, wgsl!("ops/mul_mat_xs.wgsl")],
+    ),
+    (
+        "mul_mat_winu",
+        &[MUL_MAT_PARAMS, MUL_MAT_WIN, wgsl!("ops/mul_mat_xu.wgsl")],
+    ),
     ("mul_mat_wg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_wg.wgsl")]),
     ("mul_mat_sg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_sg.wgsl")]),
-    ("mul_mat_ks", &[MUL_MAT_KS, wgsl!("ops/mul_mat_xs.wgsl")]),
-    ("mul_mat_ksu", &[MUL_MAT_KS, wgsl!("ops/mul_mat_xu.wgsl")]),
+    (
+        "mul_mat_ks",
+        &[MUL_MAT_PARAMS, MUL_MAT_KS, wgsl!("ops/mul_mat_xs.wgsl")],
+    ),
+    (
+        "mul_mat_ksu",
+        &[MUL_MAT_PARAMS, MUL_MAT_KS, wgsl!("ops/mul_mat_xu.wgsl")],
+    ),
     ("get_rows", &[wgsl!("ops/get_rows.wgsl")]),
 ];
 

@@ -1,0 +1,18 @@
+// Parameters of the mul_mat variants that produce a range of output tokens per
+// dispatch (`mul_mat_win`, `mul_mat_ks`; Rust `ops::mul_mat::WinParams`). The window
+// fields are the windowed walk's and unused by the others.
+
+struct Params {
+    n_rows: u32,     // rows in this part
+    n_cols: u32,     // elements per row (a multiple of 32)
+    row_bytes: u32,  // bytes per row of W
+    row0: u32,       // first row of this part within the whole tensor
+    x_stride: u32,   // vec4s between activation columns
+    y_stride: u32,   // floats between output columns
+    last_only: u32,  // 1: only the batch's last token, written as column 0 (logits)
+    _pad0: u32,
+    win_chunks: u32, // 32-element chunks per window (whole blocks)
+    win_bytes: u32,  // bytes of W per window
+    tok0: u32,       // first output token of this dispatch
+    tok_n: u32,      // most output tokens of this dispatch
+}
