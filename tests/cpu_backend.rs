@@ -25,7 +25,7 @@ use wgllm::quant::{self, GgmlType};
 const WEIGHT_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
 
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2]
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
         .into_iter()
         .filter(|i| i.available())
         .collect()
@@ -159,6 +159,56 @@ fn matmul_matches_reference_at_awkward_shapes() {
                             let e = (*g as f64 - f[i] as f64).abs() / scale;
                             assert!(e < 1e-5, "{ty} threads/isa differ: {e:.2e}");
                         }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The tile kernels (rows x tokens in registers) against the row dots, which the dot
+/// test checks against the reference: batch sizes that leave every kind of edge tile,
+/// row counts that are not whole tiles, and rows of one and of many blocks.
+#[test]
+fn tiled_matmul_matches_row_dots() {
+    let mut rng = Rng::new(23);
+    let pool = Pool::new(2);
+    let mut qbuf = Vec::new();
+    for ty in WEIGHT_TYPES {
+        let at = ActType::for_weight(ty).unwrap();
+        let cols: &[usize] = match ty.block_size() {
+            256 => &[256, 768],
+            32 => &[32, 160, 576],
+            _ => continue,
+        };
+        for &n_cols in cols {
+            for (n_rows, n_tokens) in [(1, 1), (5, 3), (9, 4), (13, 9), (64, 17)] {
+                let mut wv = rng.vec(n_rows * n_cols, 1.0);
+                wv.iter_mut().step_by(7).for_each(|v| *v += 0.8);
+                let wq = quantized(ty, &wv);
+                let w = WeightView {
+                    ty,
+                    data: &wq,
+                    n_cols,
+                    n_rows,
+                };
+                let x = rng.vec(n_cols * n_tokens, 1.5);
+                quantize_rows(at, &x, n_cols, &mut qbuf).unwrap();
+                let dot = kernel(ty, Isa::Scalar).unwrap();
+                let (rb, arb) = (w.row_bytes().unwrap(), at.row_bytes(n_cols));
+                for isa in isas().into_iter().filter(|&i| i != Isa::Scalar) {
+                    let mut y = vec![f32::NAN; n_rows * n_tokens];
+                    mul_mat(&pool, isa, &w, &x, n_tokens, &mut y, &mut Vec::new()).unwrap();
+                    for (i, got) in y.iter().enumerate() {
+                        let (t, r) = (i / n_rows, i % n_rows);
+                        let want = dot(&wq[r * rb..(r + 1) * rb], &qbuf[t * arb..(t + 1) * arb]);
+                        let scale = norm(&dequantized(ty, &wq[r * rb..(r + 1) * rb], n_cols))
+                            * norm(&x[t * n_cols..(t + 1) * n_cols]);
+                        let e = (*got as f64 - want as f64).abs() / scale;
+                        assert!(
+                            e < 1e-5,
+                            "{ty} {n_rows}x{n_cols} t={n_tokens} {isa:?} ({r},{t}): {got} vs {want}"
+                        );
                     }
                 }
             }

@@ -236,6 +236,11 @@ impl<'a, T> SharedMut<'a, T> {
         self.len
     }
 
+    /// The first element, for kernels that write through raw pointers.
+    pub fn ptr(&self) -> *mut T {
+        self.ptr
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
