@@ -182,7 +182,7 @@ fn tiled_matmul_matches_row_dots() {
             _ => continue,
         };
         for &n_cols in cols {
-            for (n_rows, n_tokens) in [(1, 1), (5, 3), (9, 4), (13, 9), (64, 17)] {
+            for (n_rows, n_tokens) in [(1, 1), (5, 3), (9, 4), (13, 9), (64, 17), (38, 26)] {
                 let mut wv = rng.vec(n_rows * n_cols, 1.0);
                 wv.iter_mut().step_by(7).for_each(|v| *v += 0.8);
                 let wq = quantized(ty, &wv);
