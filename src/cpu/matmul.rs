@@ -156,9 +156,9 @@ pub fn mul_mat_tiled(
             w.n_cols
         )));
     }
-    // Chunks of whole tiles (of 2, 3 or 4 rows), several per thread so that early
-    // finishers find work.
-    let chunk = (n_rows / (pool.n_threads() * 4)).clamp(12, 96) / 12 * 12;
+    // Chunks of whole tiles (of 2, 3 or 4 rows), many per thread: a thread the OS
+    // pauses mid-chunk holds the op up for that chunk only, and early finishers find work.
+    let chunk = (n_rows / (pool.n_threads() * 16)).clamp(12, 96) / 12 * 12;
     let n_chunks = n_rows.div_ceil(chunk);
     let next = AtomicUsize::new(0);
     let out = SharedMut::new(y);
