@@ -216,6 +216,36 @@ fn tiled_matmul_matches_row_dots() {
     }
 }
 
+/// A plan made for other weights is an error, not a read past its buffers.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn tiled_matmul_rejects_a_foreign_plan() {
+    use wgllm::cpu::matmul::mul_mat_tiled;
+    use wgllm::cpu::tile::Plan;
+    let Some(isa) = isas().into_iter().rfind(|&i| i != Isa::Scalar) else {
+        return;
+    };
+    let pool = Pool::new(1);
+    let wq = quantized(GgmlType::Q6_K, &[0.1; 512]);
+    let w = WeightView {
+        ty: GgmlType::Q6_K,
+        data: &wq,
+        n_cols: 256,
+        n_rows: 2,
+    };
+    let mut a = Vec::new();
+    quantize_rows(ActType::Q8_0, &[0.5; 256], 256, &mut a).unwrap();
+    let mut plan = Plan::default();
+    let mut y = vec![0.0; 2];
+    assert!(mul_mat_tiled(&pool, isa, &w, &plan, &mut y).is_err());
+    plan.build(ActType::Q8_0, &a, 256, 1).unwrap();
+    assert!(mul_mat_tiled(&pool, isa, &w, &plan, &mut y).is_err());
+    quantize_rows(ActType::Q8_K, &[0.5; 256], 256, &mut a).unwrap();
+    plan.build(ActType::Q8_K, &a, 256, 1).unwrap();
+    assert!(mul_mat_tiled(&pool, isa, &w, &plan, &mut y).is_ok());
+    assert!(mul_mat_tiled(&pool, Isa::Scalar, &w, &plan, &mut y).is_err());
+}
+
 #[test]
 fn matmul_rejects_short_buffers() {
     let pool = Pool::new(1);

@@ -242,14 +242,14 @@ impl Ops for CpuOps<'_> {
         let mut yv = y.write()?;
         let ys = part_mut(&mut yv, view.n_rows * n, &w.name)?;
         #[cfg(target_arch = "x86_64")]
-        if let Some(tk) = super::matmul::tile_kernel(w.ty, self.isa) {
+        if super::matmul::tile_kernel(w.ty, self.isa).is_some() {
             // The plan is rebuilt only when the quantized input changed.
             if self.work.plan_key != Some(key) {
                 self.work.plan_key = None;
                 self.work.plan.build(at, &self.work.qbuf, view.n_cols, n)?;
                 self.work.plan_key = Some(key);
             }
-            return super::matmul::mul_mat_tiled(self.pool, tk, &view, &self.work.plan, ys);
+            return super::matmul::mul_mat_tiled(self.pool, self.isa, &view, &self.work.plan, ys);
         }
         mul_mat_quantized(self.pool, self.isa, &view, &self.work.qbuf, n, ys)
     }

@@ -86,11 +86,11 @@ pub fn mul_mat_quantized(
         )));
     }
     #[cfg(target_arch = "x86_64")]
-    if let Some(tk) = tile_kernel(w.ty, isa) {
+    if tile_kernel(w.ty, isa).is_some() {
         return PLAN.with(|p| {
             let mut p = p.borrow_mut();
             p.build(at, a, w.n_cols, n_tokens)?;
-            mul_mat_tiled(pool, tk, w, &p, y)
+            mul_mat_tiled(pool, isa, w, &p, y)
         });
     }
     let dot = kernel(w.ty, isa)?;
@@ -139,15 +139,28 @@ pub fn tile_kernel(ty: GgmlType, isa: Isa) -> Option<TileFn> {
 }
 
 /// y = W x with the activations in `plan` (made from [`quantize_rows`] output for
-/// `w.ty`), by the tile kernel `tk` of `w.ty` ([`tile_kernel`]).
+/// `w.ty`), by `isa`'s tile kernel for `w.ty`; an error where there is none
+/// ([`tile_kernel`]) or the plan does not fit the weights.
 #[cfg(target_arch = "x86_64")]
 pub fn mul_mat_tiled(
     pool: &Pool,
-    tk: TileFn,
+    isa: Isa,
     w: &WeightView<'_>,
     plan: &Plan,
     y: &mut [f32],
 ) -> Result<()> {
+    let tk = tile_kernel(w.ty, isa)
+        .ok_or_else(|| Error::Unsupported(format!("no {isa:?} tile kernel for {}", w.ty)))?;
+    // The kernel reads the plan's fields of its activation type, for n_cols values.
+    if plan.act() != Some(ActType::for_weight(w.ty)?) || plan.n_cols() != w.n_cols {
+        return Err(Error::invalid(format!(
+            "mul_mat: a plan of {:?} x {} for {} weights of {} columns",
+            plan.act(),
+            plan.n_cols(),
+            w.ty,
+            w.n_cols
+        )));
+    }
     let rb = w.row_bytes()?;
     let (n_rows, n_tokens) = (w.n_rows, plan.n_tokens());
     if rb.checked_mul(n_rows).is_none_or(|n| w.data.len() < n) || y.len() < n_rows * n_tokens {

@@ -27,6 +27,8 @@ const PREFETCH: usize = 512;
 /// Activations rearranged for the tile kernels (see the module docs).
 #[derive(Default)]
 pub struct Plan {
+    /// The activation blocks it was made from; `None` before the first build.
+    act: Option<ActType>,
     n_cols: usize,
     n_tokens: usize,
     /// Tokens per group in `d`, `s` and `s16`: `n_tokens` rounded up, plus room for an
@@ -47,6 +49,14 @@ impl Plan {
         self.n_tokens
     }
 
+    pub fn n_cols(&self) -> usize {
+        self.n_cols
+    }
+
+    pub fn act(&self) -> Option<ActType> {
+        self.act
+    }
+
     /// Fills the plan from `n_tokens` rows of `at` blocks for rows of `n_cols` values.
     pub fn build(&mut self, at: ActType, a: &[u8], n_cols: usize, n_tokens: usize) -> Result<()> {
         let arb = at.row_bytes(n_cols);
@@ -58,6 +68,7 @@ impl Plan {
         }
         let ng = n_cols / 32;
         let stride = n_tokens.div_ceil(8) * 8 + 8;
+        self.act = Some(at);
         self.n_cols = n_cols;
         self.n_tokens = n_tokens;
         self.stride = stride;
@@ -458,7 +469,9 @@ unsafe fn tile<D: Decode, U: Udot, const R: usize, const T: usize>(
             *h = D::hdr(w.add(r * rb + b * D::BYTES));
             // Weights stream from memory once per token: ask for them well ahead, as
             // the hardware prefetcher alone leaves the 4-bit kernels waiting on loads.
-            _mm_prefetch::<_MM_HINT_T0>(w.add(r * rb + b * D::BYTES + PREFETCH) as *const i8);
+            // (wrapping: the address may lie past the row's end; a prefetch never faults)
+            let ahead = w.wrapping_add(r * rb + b * D::BYTES + PREFETCH);
+            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
         }
         for j in 0..D::GROUPS {
             let g = b * D::GROUPS + j;
