@@ -283,7 +283,7 @@ fn rms_norm_matches_reference() {
 #[test]
 fn rope_matches_reference() {
     let mut rng = Rng::new(5);
-    let mut cs = Vec::new();
+    let mut cs = cops::RopeTable::default();
     for mode in [RopeMode::Normal, RopeMode::Neox] {
         for (hd, n_rot) in [(64, 64), (256, 256), (64, 32)] {
             let r = Rope {

@@ -163,7 +163,7 @@ struct Work {
     #[cfg(target_arch = "x86_64")]
     plan: super::tile::Plan,
     plan_key: Option<QKey>,
-    rope: Vec<(f32, f32)>,
+    rope: ops::RopeTable,
     attn: AttnScratch,
 }
 
@@ -407,7 +407,7 @@ impl CpuModel {
             #[cfg(target_arch = "x86_64")]
             plan: Default::default(),
             plan_key: None,
-            rope: Vec::new(),
+            rope: Default::default(),
             attn: AttnScratch::new(pool.n_threads(), n_ctx as usize),
         };
         Ok(CpuModel {

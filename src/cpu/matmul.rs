@@ -171,7 +171,10 @@ pub fn mul_mat_tiled(
     }
     // Chunks of whole tiles (of 2, 3 or 4 rows), many per thread: a thread the OS
     // pauses mid-chunk holds the op up for that chunk only, and early finishers find work.
-    let chunk = (n_rows / (pool.n_threads() * 16)).clamp(12, 96) / 12 * 12;
+    // Single tokens stream the weights: longer runs of rows per chunk keep the hardware
+    // prefetcher ahead.
+    let per_thread = if n_tokens == 1 { 4 } else { 16 };
+    let chunk = (n_rows / (pool.n_threads() * per_thread)).clamp(12, 96) / 12 * 12;
     let n_chunks = n_rows.div_ceil(chunk);
     let next = AtomicUsize::new(0);
     let out = SharedMut::new(y);

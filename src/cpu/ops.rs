@@ -74,9 +74,46 @@ pub fn rms_norm(
     Ok(())
 }
 
+/// The (cos, sin) pairs of a step's positions, kept between the rope calls of a layer
+/// (queries and keys rotate by the same angles) and recomputed when the rope or the
+/// positions change.
+#[derive(Default)]
+pub struct RopeTable {
+    /// (first position, tokens, rotated dims, frequency base and scale bits).
+    key: Option<(u32, usize, u32, u32, u32)>,
+    /// [half, n_tokens] pairs.
+    cs: Vec<(f32, f32)>,
+}
+
+impl RopeTable {
+    fn fill(&mut self, r: &Rope, pos0: u32, n_tokens: usize) {
+        let key = (
+            pos0,
+            n_tokens,
+            r.n_rot,
+            r.freq_base.to_bits(),
+            r.freq_scale.to_bits(),
+        );
+        if self.key == Some(key) {
+            return;
+        }
+        let half = (r.n_rot / 2) as usize;
+        self.cs.clear();
+        for t in 0..n_tokens {
+            let pos = (pos0 as usize + t) as f32;
+            self.cs.extend((0..half).map(|i| {
+                let inv_freq = r.freq_base.powf(-((2 * i) as f32) / r.n_rot as f32);
+                let (s, c) = (pos * r.freq_scale * inv_freq).sin_cos();
+                (c, s)
+            }));
+        }
+        self.key = Some(key);
+    }
+}
+
 /// Rotary embedding in place on x: [head_dim, n_heads, n_tokens] for tokens at positions
-/// pos0, pos0 + 1, ... `cs` is scratch for one token's (cos, sin) pairs.
-pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, cs: &mut Vec<(f32, f32)>) -> Result<()> {
+/// pos0, pos0 + 1, ... with the angles from `table`.
+pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, table: &mut RopeTable) -> Result<()> {
     let (hd, nh) = (r.head_dim as usize, r.n_heads as usize);
     let half = (r.n_rot / 2) as usize;
     if hd == 0 || 2 * half > hd || x.len() % (hd * nh.max(1)) != 0 {
@@ -86,15 +123,12 @@ pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, cs: &mut Vec<(f32, f32)>) -> Res
             r.n_rot
         )));
     }
-    for (t, xt) in x.chunks_exact_mut(hd * nh).enumerate() {
-        let pos = (pos0 as usize + t) as f32;
-        // The angles depend on the position only: once per token, not per head.
-        cs.clear();
-        cs.extend((0..half).map(|i| {
-            let inv_freq = r.freq_base.powf(-((2 * i) as f32) / r.n_rot as f32);
-            let (s, c) = (pos * r.freq_scale * inv_freq).sin_cos();
-            (c, s)
-        }));
+    let n_tokens = x.len() / (hd * nh.max(1));
+    table.fill(r, pos0, n_tokens);
+    for (xt, cs) in x
+        .chunks_exact_mut(hd * nh)
+        .zip(table.cs.chunks(half.max(1)))
+    {
         for xr in xt.chunks_exact_mut(hd) {
             for (i, &(c, s)) in cs.iter().enumerate() {
                 let (a, b) = match r.mode {
