@@ -1,7 +1,8 @@
 //! Throughput of the CPU matmul per weight type: GB/s of weight bytes streamed, at one
 //! token (generation) and 64 tokens (prompt processing), on the pool's threads.
 //! `cargo bench --bench cpu_kernels [-- THREADS]`; with `model` it times the CpuModel
-//! on the models in `models/` instead (prompt of 128 tokens, then 64 generated).
+//! on the models in `models/` instead, as `llama-bench -p 64 -n 32` does (pp64: one
+//! batch of 64 tokens; tg32: 32 single-token steps), mean ± sd over the repetitions.
 
 use std::time::Instant;
 
@@ -32,18 +33,34 @@ fn main() {
             "SmolLM2-135M-Instruct.Q4_1.gguf",
             "gemma-3-270m-q4_k_m.gguf",
         ] {
+            // BENCH_MODEL=gemma (a part of the file name) times one model.
+            if std::env::var("BENCH_MODEL").is_ok_and(|m| !name.contains(m.as_str())) {
+                continue;
+            }
             model_speed(name, threads);
         }
         return;
     }
     let pool = Pool::new(threads);
-    let isa = Isa::detect();
+    // `avx2` or `scalar` on the command line picks a lesser instruction set.
+    let isa = if std::env::args().any(|a| a == "scalar") {
+        Isa::Scalar
+    } else if std::env::args().any(|a| a == "avx2") {
+        Isa::Avx2
+    } else {
+        Isa::detect()
+    };
     println!("threads {}, {isa:?}", pool.n_threads());
     println!(
         "{:<6} {:>11} {:>6} {:>10} {:>9}",
         "type", "shape", "tokens", "ms/op", "GB/s"
     );
-    for (n_cols, n_rows) in [(576usize, 1536usize), (4096, 4096)] {
+    let shapes: &[(usize, usize)] = if std::env::args().any(|a| a == "big") {
+        &[(4096, 32768)]
+    } else {
+        &[(576, 1536), (4096, 4096)]
+    };
+    for &(n_cols, n_rows) in shapes {
         for ty in TYPES {
             if n_cols % ty.block_size() != 0 {
                 println!(
@@ -107,27 +124,42 @@ fn model_speed(name: &str, threads: usize) {
     let file = Arc::new(wgllm::gguf::GgufFile::open(&path).unwrap());
     let cfg = wgllm::model::Config::from_metadata(file.metadata()).unwrap();
     let n_vocab = cfg.n_vocab;
-    let mut m = CpuModel::load(file, cfg, 512, 128, threads).unwrap();
-    let prompt: Vec<u32> = (0..128u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
-    let t0 = Instant::now();
-    let mut logits = m.step(&prompt, 0, Logits::Last).unwrap();
-    let pp = t0.elapsed().as_secs_f64();
-    let t1 = Instant::now();
-    let n_gen = 64;
-    for i in 0..n_gen {
-        let mut best = 0;
-        for (j, v) in logits.iter().enumerate() {
-            if *v > logits[best] {
-                best = j;
-            }
+    let mut m = CpuModel::load(file, cfg, 512, 64, threads).unwrap();
+    let tokens: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % n_vocab).collect();
+    // As llama-bench: pp64 is one batch of 64 tokens into an empty cache, tg32 is 32
+    // single-token steps from position 0; one warm-up run, then REPS timed ones.
+    let pp = |m: &mut CpuModel| {
+        let t0 = Instant::now();
+        m.step(&tokens, 0, Logits::Last).unwrap();
+        64.0 / t0.elapsed().as_secs_f64()
+    };
+    let tg = |m: &mut CpuModel| {
+        let t0 = Instant::now();
+        for (i, &t) in tokens.iter().take(32).enumerate() {
+            m.step(&[t], i as u32, Logits::Last).unwrap();
         }
-        logits = m.step(&[best as u32], 128 + i, Logits::Last).unwrap();
+        32.0 / t0.elapsed().as_secs_f64()
+    };
+    // BENCH_ONLY=pp64 or tg32 runs one of the tests (for profiling).
+    let only = std::env::var("BENCH_ONLY").ok();
+    for (test, f) in [
+        ("pp64", &pp as &dyn Fn(&mut CpuModel) -> f64),
+        ("tg32", &tg),
+    ] {
+        if only.as_deref().is_some_and(|o| o != test) {
+            continue;
+        }
+        f(&mut m);
+        let runs: Vec<f64> = (0..REPS).map(|_| f(&mut m)).collect();
+        let mean = runs.iter().sum::<f64>() / runs.len() as f64;
+        let var = runs.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / (runs.len() - 1) as f64;
+        println!(
+            "{name:<36} {:>2} threads {test} {mean:>8.2} ± {:.2} t/s",
+            m.n_threads(),
+            var.sqrt()
+        );
     }
-    let tg = t1.elapsed().as_secs_f64();
-    println!(
-        "{name}: {} threads, prompt {:.1} tok/s, generation {:.1} tok/s",
-        m.n_threads(),
-        prompt.len() as f64 / pp,
-        n_gen as f64 / tg
-    );
 }
+
+/// Timed repetitions per test, as llama-bench's `-r`.
+const REPS: usize = 5;

@@ -90,15 +90,59 @@ pub fn quantize_rows(at: ActType, x: &[f32], n: usize, out: &mut Vec<u8>) -> Res
             }
         }
         ActType::Q8_K => {
-            let mut tmp = Vec::with_capacity(292);
             for (o, xs) in out.chunks_exact_mut(292).zip(x.chunks_exact(QK_K)) {
-                tmp.clear();
-                crate::quant::quantize(GgmlType::Q8_K, xs, &mut tmp)?;
-                o.copy_from_slice(&tmp);
+                q8k_block(xs, o);
             }
         }
     }
     Ok(())
+}
+
+/// `v` rounded to the nearest integer, ties to even, for |v| < 2^22: adding 1.5 * 2^23
+/// pushes the fraction out of the mantissa. Plain arithmetic, so loops of it vectorise
+/// (`round_ties_even` is a library call on baseline x86-64).
+#[inline(always)]
+fn round_even(v: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (v + MAGIC) - MAGIC
+}
+
+/// `v` rounded half away from zero (as `f32::round`), for |v| < 2^31, in arithmetic
+/// that vectorises.
+#[inline(always)]
+fn round_away(v: f32) -> i32 {
+    let t = v as i32;
+    let frac = v - t as f32;
+    t + i32::from(frac >= 0.5) - i32::from(frac <= -0.5)
+}
+
+/// One Q8_K block of 256 values, as ggml's reference quantizer (and `quant::q8_k`)
+/// computes it: scale from the signed absmax, round to even, clamp at 127, sums of 16.
+fn q8k_block(x: &[f32], out: &mut [u8]) {
+    let (mut max, mut amax) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    out.fill(0);
+    if amax == 0.0 {
+        return;
+    }
+    let iscale = -127.0 / max;
+    let mut q = [0i8; QK_K];
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = round_even(iscale * v).min(127.0) as i8;
+    }
+    out[0..4].copy_from_slice(&(1.0 / iscale).to_le_bytes());
+    for (o, &q) in out[4..260].iter_mut().zip(&q) {
+        *o = q as u8;
+    }
+    for (g, qs) in q.chunks_exact(16).enumerate() {
+        let sum: i16 = qs.iter().map(|&q| q as i16).sum();
+        out[260 + 2 * g..262 + 2 * g].copy_from_slice(&sum.to_le_bytes());
+    }
 }
 
 /// One Q8_0 (or Q8_1, with the sum) block of 32 values, as ggml's reference quantizer
@@ -109,10 +153,13 @@ fn q8_block(x: &[f32], out: &mut [u8], with_sum: bool) {
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let off = if with_sum { 4 } else { 2 };
     let mut sum = 0i32;
-    for (o, v) in out[off..off + 32].iter_mut().zip(x) {
-        let q = (v * id).round() as i8;
-        sum += q as i32;
-        *o = q as u8;
+    let mut q = [0i32; 32];
+    for (q, v) in q.iter_mut().zip(x) {
+        *q = round_away(v * id);
+    }
+    for (o, &q) in out[off..off + 32].iter_mut().zip(&q) {
+        sum += q;
+        *o = q as i8 as u8;
     }
     out[0..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
     if with_sum {
@@ -140,6 +187,32 @@ mod tests {
             crate::quant::quantize(ty, &x, &mut want).unwrap();
             assert_eq!(got, want, "{at:?}");
         }
+    }
+
+    #[test]
+    fn rounding_ties_match_the_reference_quantizer() {
+        // With the extreme at ±127 the scale is 1, so halves are exact ties.
+        let mut x: Vec<f32> = (0..256).map(|i| (i % 64) as f32 - 31.5).collect();
+        x[5] = 127.0;
+        x[300 % 256] = -127.0;
+        x[77] = -126.5;
+        for (at, ty) in [
+            (ActType::Q8_0, GgmlType::Q8_0),
+            (ActType::Q8_1, GgmlType::Q8_1),
+            (ActType::Q8_K, GgmlType::Q8_K),
+        ] {
+            for sign in [1.0f32, -1.0] {
+                let xs: Vec<f32> = x.iter().map(|v| v * sign).collect();
+                let mut got = Vec::new();
+                quantize_rows(at, &xs, 256, &mut got).unwrap();
+                let mut want = Vec::new();
+                crate::quant::quantize(ty, &xs, &mut want).unwrap();
+                assert_eq!(got, want, "{at:?} sign {sign}");
+            }
+        }
+        let mut z = Vec::new();
+        quantize_rows(ActType::Q8_K, &[0.0; 256], 256, &mut z).unwrap();
+        assert!(z.iter().all(|&b| b == 0));
     }
 
     #[test]

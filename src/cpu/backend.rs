@@ -149,13 +149,21 @@ fn part_mut<'a>(v: &'a mut [f32], len: usize, op: &str) -> Result<&'a mut [f32]>
         .ok_or_else(|| Error::invalid(format!("{op}: buffer of {n} < {len}")))
 }
 
+/// What quantized activations were made from: (buffer, its version), format, first
+/// column, columns.
+type QKey = ((usize, u64), ActType, usize, usize);
+
 /// Reusable working memory of the ops.
 struct Work {
     /// Quantized activations of the last matmul input, and what they were made from:
     /// (buffer, its version, format, first column, columns).
     qbuf: Vec<u8>,
-    qkey: Option<((usize, u64), ActType, usize, usize)>,
-    rope: Vec<(f32, f32)>,
+    qkey: Option<QKey>,
+    /// `qbuf` rearranged for the tile kernels, and the input it was made from.
+    #[cfg(target_arch = "x86_64")]
+    plan: super::tile::Plan,
+    plan_key: Option<QKey>,
+    rope: ops::RopeTable,
     attn: AttnScratch,
 }
 
@@ -233,6 +241,16 @@ impl Ops for CpuOps<'_> {
         }
         let mut yv = y.write()?;
         let ys = part_mut(&mut yv, view.n_rows * n, &w.name)?;
+        #[cfg(target_arch = "x86_64")]
+        if super::matmul::tile_kernel(w.ty, self.isa).is_some() {
+            // The plan is rebuilt only when the quantized input changed.
+            if self.work.plan_key != Some(key) {
+                self.work.plan_key = None;
+                self.work.plan.build(at, &self.work.qbuf, view.n_cols, n)?;
+                self.work.plan_key = Some(key);
+            }
+            return super::matmul::mul_mat_tiled(self.pool, self.isa, &view, &self.work.plan, ys);
+        }
         mul_mat_quantized(self.pool, self.isa, &view, &self.work.qbuf, n, ys)
     }
 
@@ -386,7 +404,10 @@ impl CpuModel {
         let work = Work {
             qbuf: Vec::new(),
             qkey: None,
-            rope: Vec::new(),
+            #[cfg(target_arch = "x86_64")]
+            plan: Default::default(),
+            plan_key: None,
+            rope: Default::default(),
             attn: AttnScratch::new(pool.n_threads(), n_ctx as usize),
         };
         Ok(CpuModel {
@@ -528,6 +549,7 @@ impl CpuModel {
         };
         // Nothing quantized from a previous step may be reused.
         o.work.qkey = None;
+        o.work.plan_key = None;
         if !tokens.is_empty() {
             graph::embed(&mut o, &self.cfg, &self.weights.token_embd, &self.scratch)?;
         }
@@ -562,6 +584,7 @@ impl CpuModel {
             n_tokens: n,
         };
         o.work.qkey = None;
+        o.work.plan_key = None;
         let output = self
             .weights
             .output

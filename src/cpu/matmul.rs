@@ -10,6 +10,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::act::{quantize_rows, ActType};
 use super::dot::{kernel, Isa};
 use super::pool::{Pool, SharedMut};
+#[cfg(target_arch = "x86_64")]
+use super::tile::{self, Flavor, Out, Plan, TileFn};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -83,6 +85,14 @@ pub fn mul_mat_quantized(
             w.n_cols, w.n_rows
         )));
     }
+    #[cfg(target_arch = "x86_64")]
+    if tile_kernel(w.ty, isa).is_some() {
+        return PLAN.with(|p| {
+            let mut p = p.borrow_mut();
+            p.build(at, a, w.n_cols, n_tokens)?;
+            mul_mat_tiled(pool, isa, w, &p, y)
+        });
+    }
     let dot = kernel(w.ty, isa)?;
     let n_rows = w.n_rows;
     // Chunks small enough that threads finishing early find more work, large enough
@@ -104,6 +114,90 @@ pub fn mul_mat_quantized(
                 unsafe { out.write(t * n_rows + r, dot(wr, ar)) };
             }
         }
+    });
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// The plan [`mul_mat_quantized`] rearranges activations into, kept for its memory.
+    static PLAN: std::cell::RefCell<Plan> = std::cell::RefCell::new(Plan::default());
+}
+
+/// The tile kernel `isa` has for weights of `ty`, if any.
+#[cfg(target_arch = "x86_64")]
+pub fn tile_kernel(ty: GgmlType, isa: Isa) -> Option<TileFn> {
+    let flavor = match isa {
+        Isa::Scalar => return None,
+        Isa::Avx2 => Flavor::Avx2,
+        Isa::Avx512Vnni => Flavor::Vnni,
+    };
+    if !flavor.available() {
+        return None;
+    }
+    tile::kernel(ty, flavor)
+}
+
+/// y = W x with the activations in `plan` (made from [`quantize_rows`] output for
+/// `w.ty`), by `isa`'s tile kernel for `w.ty`; an error where there is none
+/// ([`tile_kernel`]) or the plan does not fit the weights.
+#[cfg(target_arch = "x86_64")]
+pub fn mul_mat_tiled(
+    pool: &Pool,
+    isa: Isa,
+    w: &WeightView<'_>,
+    plan: &Plan,
+    y: &mut [f32],
+) -> Result<()> {
+    let tk = tile_kernel(w.ty, isa)
+        .ok_or_else(|| Error::Unsupported(format!("no {isa:?} tile kernel for {}", w.ty)))?;
+    // The kernel reads the plan's fields of its activation type, for n_cols values.
+    if plan.act() != Some(ActType::for_weight(w.ty)?) || plan.n_cols() != w.n_cols {
+        return Err(Error::invalid(format!(
+            "mul_mat: a plan of {:?} x {} for {} weights of {} columns",
+            plan.act(),
+            plan.n_cols(),
+            w.ty,
+            w.n_cols
+        )));
+    }
+    let rb = w.row_bytes()?;
+    let (n_rows, n_tokens) = (w.n_rows, plan.n_tokens());
+    if rb.checked_mul(n_rows).is_none_or(|n| w.data.len() < n) || y.len() < n_rows * n_tokens {
+        return Err(Error::invalid(format!(
+            "mul_mat: buffers too small for {n_tokens} tokens of {} x {n_rows}",
+            w.n_cols
+        )));
+    }
+    // Chunks of whole tiles (of 2, 3 or 4 rows), many per thread: a thread the OS
+    // pauses mid-chunk holds the op up for that chunk only, and early finishers find work.
+    // Single tokens stream the weights: longer runs of rows per chunk keep the hardware
+    // prefetcher ahead.
+    let per_thread = if n_tokens == 1 { 4 } else { 16 };
+    let chunk = (n_rows / (pool.n_threads() * per_thread)).clamp(12, 96) / 12 * 12;
+    let n_chunks = n_rows.div_ceil(chunk);
+    let next = AtomicUsize::new(0);
+    let out = SharedMut::new(y);
+    pool.run(&|_, _| loop {
+        let c = next.fetch_add(1, Ordering::Relaxed);
+        if c >= n_chunks {
+            break;
+        }
+        let rows = c * chunk..((c + 1) * chunk).min(n_rows);
+        // SAFETY: `w` holds n_rows rows and `y` n_rows * n_tokens values (checked above);
+        // the chunk's rows are this thread's alone, so are their outputs.
+        unsafe {
+            tk(
+                w.data,
+                rb,
+                plan,
+                rows,
+                Out {
+                    y: out.ptr(),
+                    ld: n_rows,
+                },
+            )
+        };
     });
     Ok(())
 }

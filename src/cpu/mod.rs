@@ -9,3 +9,5 @@ pub mod dot;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
+#[cfg(target_arch = "x86_64")]
+pub mod tile;

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use super::pool::{split, Pool, SharedMut};
 use crate::ops::attention::Attention;
-use crate::ops::glu::{gelu_tanh, silu, Activation};
+use crate::ops::glu::Activation;
 use crate::ops::rope::{Rope, RopeMode};
 use crate::{Error, Result};
 
@@ -74,9 +74,46 @@ pub fn rms_norm(
     Ok(())
 }
 
+/// The (cos, sin) pairs of a step's positions, kept between the rope calls of a layer
+/// (queries and keys rotate by the same angles) and recomputed when the rope or the
+/// positions change.
+#[derive(Default)]
+pub struct RopeTable {
+    /// (first position, tokens, rotated dims, frequency base and scale bits).
+    key: Option<(u32, usize, u32, u32, u32)>,
+    /// [half, n_tokens] pairs.
+    cs: Vec<(f32, f32)>,
+}
+
+impl RopeTable {
+    fn fill(&mut self, r: &Rope, pos0: u32, n_tokens: usize) {
+        let key = (
+            pos0,
+            n_tokens,
+            r.n_rot,
+            r.freq_base.to_bits(),
+            r.freq_scale.to_bits(),
+        );
+        if self.key == Some(key) {
+            return;
+        }
+        let half = (r.n_rot / 2) as usize;
+        self.cs.clear();
+        for t in 0..n_tokens {
+            let pos = (pos0 as usize + t) as f32;
+            self.cs.extend((0..half).map(|i| {
+                let inv_freq = r.freq_base.powf(-((2 * i) as f32) / r.n_rot as f32);
+                let (s, c) = (pos * r.freq_scale * inv_freq).sin_cos();
+                (c, s)
+            }));
+        }
+        self.key = Some(key);
+    }
+}
+
 /// Rotary embedding in place on x: [head_dim, n_heads, n_tokens] for tokens at positions
-/// pos0, pos0 + 1, ... `cs` is scratch for one token's (cos, sin) pairs.
-pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, cs: &mut Vec<(f32, f32)>) -> Result<()> {
+/// pos0, pos0 + 1, ... with the angles from `table`.
+pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, table: &mut RopeTable) -> Result<()> {
     let (hd, nh) = (r.head_dim as usize, r.n_heads as usize);
     let half = (r.n_rot / 2) as usize;
     if hd == 0 || 2 * half > hd || x.len() % (hd * nh.max(1)) != 0 {
@@ -86,15 +123,12 @@ pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, cs: &mut Vec<(f32, f32)>) -> Res
             r.n_rot
         )));
     }
-    for (t, xt) in x.chunks_exact_mut(hd * nh).enumerate() {
-        let pos = (pos0 as usize + t) as f32;
-        // The angles depend on the position only: once per token, not per head.
-        cs.clear();
-        cs.extend((0..half).map(|i| {
-            let inv_freq = r.freq_base.powf(-((2 * i) as f32) / r.n_rot as f32);
-            let (s, c) = (pos * r.freq_scale * inv_freq).sin_cos();
-            (c, s)
-        }));
+    let n_tokens = x.len() / (hd * nh.max(1));
+    table.fill(r, pos0, n_tokens);
+    for (xt, cs) in x
+        .chunks_exact_mut(hd * nh)
+        .zip(table.cs.chunks(half.max(1)))
+    {
         for xr in xt.chunks_exact_mut(hd) {
             for (i, &(c, s)) in cs.iter().enumerate() {
                 let (a, b) = match r.mode {
@@ -110,17 +144,39 @@ pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, cs: &mut Vec<(f32, f32)>) -> Res
     Ok(())
 }
 
-/// out = act(gate) * up, elementwise.
+/// e^x to about 2e-7 relative (inputs clamped to ±87), in branch-free arithmetic the
+/// compiler vectorises, where `f32::exp` and `tanh` are a library call per value:
+/// x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^6, 2^n put into
+/// the exponent bits.
+#[inline(always)]
+pub fn exp_fast(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer.
+    let x = x.clamp(-87.0, 87.0);
+    let t = x * std::f32::consts::LOG2_E + MAGIC;
+    let n = t - MAGIC;
+    // ln 2 in two parts, so that n * LN2_HI is exact.
+    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let e = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    p * f32::from_bits((e.wrapping_add(127) as u32) << 23)
+}
+
+/// out = act(gate) * up, elementwise. SiLU is x / (1 + e^-x) and the tanh GELU its
+/// equal 0.5 x (1 + tanh u) = x / (1 + e^-2u), both with [`exp_fast`].
 pub fn glu(gate: &[f32], up: &[f32], out: &mut [f32], act: Activation) {
     match act {
         Activation::Silu => {
             for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-                *o = silu(*g) * u;
+                *o = g / (1.0 + exp_fast(-g)) * u;
             }
         }
         Activation::GeluTanh => {
             for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-                *o = gelu_tanh(*g) * u;
+                let v = 0.797_884_6 * (g + 0.044715 * g * g * g);
+                *o = g / (1.0 + exp_fast(-2.0 * v)) * u;
             }
         }
     }

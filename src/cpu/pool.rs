@@ -2,10 +2,13 @@
 //!
 //! A forward step runs a few hundred small parallel ops (a 576x576 matrix takes tens of
 //! microseconds), so waking threads through the OS for each one would cost as much as
-//! the op. Workers are made once and spin on an epoch counter between jobs, falling
-//! asleep on a condition variable only after a stretch of idleness. A job is broadcast:
-//! every thread, the caller included, runs it once with its index and the thread count,
-//! and splits the work itself.
+//! the op. Workers are made once and spin on a state word between jobs, falling asleep
+//! on a condition variable only after a stretch of idleness.
+//!
+//! A job is `n_threads` items, `f(i, n_threads)` for every i, each run once by whichever
+//! thread claims it first, the caller included. The caller returns once every item is
+//! done: a worker the OS has not scheduled (the machine is busy with other work) does
+//! not hold the job up, it finds the job closed when it gets to run, and skips it.
 
 use std::cell::UnsafeCell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,15 +21,18 @@ use std::time::{Duration, Instant};
 const SPIN: Duration = Duration::from_millis(2);
 
 /// The job type as workers see it. Its lifetime is erased: `Pool::run` does not return
-/// before every worker has finished with it.
+/// while a worker is inside it.
 type Job = *const (dyn Fn(usize, usize) + Sync);
 
 struct Shared {
-    /// Bumped once per job; workers compare it with the last one they ran.
-    epoch: AtomicU64,
+    /// Job number times two, plus one while the job is open to workers.
+    state: AtomicU64,
     job: UnsafeCell<Option<Job>>,
-    /// Workers that have not finished the current job.
-    pending: AtomicUsize,
+    /// Next item to claim, and items finished, of the current job.
+    next: AtomicUsize,
+    done: AtomicUsize,
+    /// Workers between announcing themselves and leaving a job (or skipping it).
+    inflight: AtomicUsize,
     /// Workers asleep (or about to be) on `wake`.
     sleeping: AtomicUsize,
     panicked: AtomicBool,
@@ -35,9 +41,10 @@ struct Shared {
     wake: Condvar,
 }
 
-// SAFETY: `job` is written only by the thread inside `Pool::run` while no worker reads it
-// (all workers finished the previous job, `pending == 0`), and published to workers by
-// the Release increment of `epoch` they Acquire before reading it.
+// SAFETY: `job` is written only by the thread inside `Pool::run`, while the state is
+// closed and no worker is in flight; a worker reads it only after announcing itself in
+// `inflight` and then seeing the state open (both SeqCst), and the caller closes the
+// state and waits for `inflight` to drain before the job's closure goes away.
 unsafe impl Sync for Shared {}
 unsafe impl Send for Shared {}
 
@@ -59,9 +66,11 @@ impl Pool {
             n_threads
         };
         let shared = Arc::new(Shared {
-            epoch: AtomicU64::new(0),
+            state: AtomicU64::new(0),
             job: UnsafeCell::new(None),
-            pending: AtomicUsize::new(0),
+            next: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
+            inflight: AtomicUsize::new(0),
             sleeping: AtomicUsize::new(0),
             panicked: AtomicBool::new(false),
             quit: AtomicBool::new(false),
@@ -73,7 +82,7 @@ impl Pool {
                 let s = shared.clone();
                 std::thread::Builder::new()
                     .name(format!("wgllm-cpu-{ith}"))
-                    .spawn(move || worker(&s, ith, n))
+                    .spawn(move || worker(&s, n))
                     .ok()
             })
             .collect::<Vec<_>>();
@@ -84,13 +93,14 @@ impl Pool {
         }
     }
 
-    /// Threads that run each job, the caller included.
+    /// Items per job: the threads, the caller included.
     pub fn n_threads(&self) -> usize {
         self.workers.len() + 1
     }
 
-    /// Runs `f(ith, n_threads)` once on every thread of the pool and returns when all
-    /// are done. A panic in any of them is re-raised here.
+    /// Runs `f(i, n_threads)` once for every `i` in `0..n_threads`, spread over the
+    /// pool's threads, and returns when all are done. A panic in any of them is
+    /// re-raised here.
     pub fn run(&self, f: &(dyn Fn(usize, usize) + Sync)) {
         let n = self.n_threads();
         if n == 1 {
@@ -99,20 +109,32 @@ impl Pool {
         }
         let _serial = self.run_lock.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
-        // SAFETY: see `Shared`; the pointer outlives its use because we wait below
-        // (also when `f` panics on this thread, through `WaitGuard`).
+        let epoch = (s.state.load(Ordering::Relaxed) >> 1) + 1;
+        // SAFETY: see `Shared`: the state is closed and nobody is in flight (the last
+        // job's guard waited), and the pointer outlives its use because the guard below
+        // waits again, also when `f` panics on this thread.
         unsafe {
             let job: Job = std::mem::transmute::<&(dyn Fn(usize, usize) + Sync), Job>(f);
             *s.job.get() = Some(job);
         }
-        s.pending.store(self.workers.len(), Ordering::Relaxed);
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        s.next.store(0, Ordering::Relaxed);
+        s.done.store(0, Ordering::Relaxed);
+        s.state.store(epoch << 1 | 1, Ordering::SeqCst);
         if s.sleeping.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let guard = WaitGuard(s);
-        f(0, n);
+        let guard = CloseGuard(s, epoch);
+        while let Some(i) = claim(s, n) {
+            f(i, n);
+            s.done.fetch_add(1, Ordering::Release);
+        }
+        // Items other threads claimed and are still running.
+        let mut spins = 0u32;
+        while s.done.load(Ordering::Acquire) < n {
+            spins = spins.wrapping_add(1);
+            backoff(spins);
+        }
         drop(guard);
         if s.panicked.swap(false, Ordering::Relaxed) {
             panic!("a CPU worker thread panicked");
@@ -120,19 +142,32 @@ impl Pool {
     }
 }
 
-/// Waits for the workers to finish the current job, even while unwinding.
-struct WaitGuard<'a>(&'a Shared);
+fn claim(s: &Shared, n: usize) -> Option<usize> {
+    let i = s.next.fetch_add(1, Ordering::Relaxed);
+    (i < n).then_some(i)
+}
 
-impl Drop for WaitGuard<'_> {
+/// Spin, and every so often give the core away: on a busy machine the thread we wait
+/// for may be waiting for this core.
+fn backoff(spins: u32) {
+    if spins % 256 == 0 {
+        std::thread::yield_now();
+    } else {
+        std::hint::spin_loop();
+    }
+}
+
+/// Closes the job and waits for the workers inside it to leave, even while unwinding.
+struct CloseGuard<'a>(&'a Shared, u64);
+
+impl Drop for CloseGuard<'_> {
     fn drop(&mut self) {
+        let s = self.0;
+        s.state.store(self.1 << 1, Ordering::SeqCst);
         let mut spins = 0u32;
-        while self.0.pending.load(Ordering::Acquire) != 0 {
+        while s.inflight.load(Ordering::SeqCst) != 0 {
             spins = spins.wrapping_add(1);
-            if spins % 4096 == 0 {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
-            }
+            backoff(spins);
         }
     }
 }
@@ -157,37 +192,41 @@ pub fn default_threads() -> usize {
         .unwrap_or(1)
 }
 
-fn worker(s: &Shared, ith: usize, n: usize) {
+fn worker(s: &Shared, n: usize) {
     let mut seen = 0u64;
-    loop {
-        match wait_for_job(s, seen) {
-            Some(e) => seen = e,
-            None => return,
-        }
-        // SAFETY: the epoch we acquired was published after `job` was written, and the
-        // caller keeps the closure alive until `pending` reaches zero.
-        let job = unsafe { *s.job.get() };
-        if let Some(job) = job {
-            let f = unsafe { &*job };
-            if catch_unwind(AssertUnwindSafe(|| f(ith, n))).is_err() {
-                s.panicked.store(true, Ordering::Relaxed);
+    while wait_for_job(s, seen) {
+        s.inflight.fetch_add(1, Ordering::SeqCst);
+        let st = s.state.load(Ordering::SeqCst);
+        seen = st >> 1;
+        if st & 1 == 1 {
+            // SAFETY: the state is open and we are in flight, so the caller keeps the
+            // closure alive and does not replace it until we leave (see `Shared`).
+            if let Some(job) = unsafe { *s.job.get() } {
+                let f = unsafe { &*job };
+                while let Some(i) = claim(s, n) {
+                    if catch_unwind(AssertUnwindSafe(|| f(i, n))).is_err() {
+                        s.panicked.store(true, Ordering::Relaxed);
+                    }
+                    s.done.fetch_add(1, Ordering::Release);
+                }
             }
         }
-        s.pending.fetch_sub(1, Ordering::Release);
+        s.inflight.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// Spins, then sleeps, until the epoch moves past `seen`; `None` when the pool quits.
-fn wait_for_job(s: &Shared, seen: u64) -> Option<u64> {
+/// Spins, then sleeps, until a job newer than `seen` is published; false when the pool
+/// quits.
+fn wait_for_job(s: &Shared, seen: u64) -> bool {
     let start = Instant::now();
     let mut spins = 0u32;
+    let fresh = |s: &Shared| s.state.load(Ordering::SeqCst) >> 1 != seen;
     loop {
-        let e = s.epoch.load(Ordering::Acquire);
-        if e != seen {
-            return Some(e);
+        if fresh(s) {
+            return true;
         }
         if s.quit.load(Ordering::Relaxed) {
-            return None;
+            return false;
         }
         spins = spins.wrapping_add(1);
         if spins % 1024 != 0 || start.elapsed() < SPIN {
@@ -196,7 +235,7 @@ fn wait_for_job(s: &Shared, seen: u64) -> Option<u64> {
         }
         let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
         s.sleeping.fetch_add(1, Ordering::SeqCst);
-        while s.epoch.load(Ordering::SeqCst) == seen && !s.quit.load(Ordering::SeqCst) {
+        while !fresh(s) && !s.quit.load(Ordering::SeqCst) {
             g = s.wake.wait(g).unwrap_or_else(|e| e.into_inner());
         }
         s.sleeping.fetch_sub(1, Ordering::SeqCst);
@@ -236,6 +275,11 @@ impl<'a, T> SharedMut<'a, T> {
         self.len
     }
 
+    /// The first element, for kernels that write through raw pointers.
+    pub fn ptr(&self) -> *mut T {
+        self.ptr
+    }
+
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -267,7 +311,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_thread_runs_each_job_once() {
+    fn every_item_runs_once_per_job() {
         for n in [1, 2, 3, 5] {
             let pool = Pool::new(n);
             assert_eq!(pool.n_threads(), n);

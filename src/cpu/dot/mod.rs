@@ -22,16 +22,18 @@ pub type DotFn = fn(w: &[u8], a: &[u8]) -> f32;
 pub enum Isa {
     Scalar,
     Avx2,
+    /// AVX2 plus AVX-512 VNNI (with VL and BW): the tile kernels use `vpdpbusd` and
+    /// 32 vector registers; row dots are the AVX2 ones.
+    Avx512Vnni,
 }
 
 impl Isa {
     /// The best instruction set this CPU runs.
     pub fn detect() -> Isa {
-        if Isa::Avx2.available() {
-            Isa::Avx2
-        } else {
-            Isa::Scalar
-        }
+        [Isa::Avx512Vnni, Isa::Avx2]
+            .into_iter()
+            .find(|i| i.available())
+            .unwrap_or(Isa::Scalar)
     }
 
     /// Whether this CPU runs `self`.
@@ -39,6 +41,7 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => avx2_available(),
+            Isa::Avx512Vnni => vnni_available(),
         }
     }
 }
@@ -50,8 +53,22 @@ fn avx2_available() -> bool {
         && is_x86_feature_detected!("f16c")
 }
 
+#[cfg(target_arch = "x86_64")]
+fn vnni_available() -> bool {
+    avx2_available()
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
 #[cfg(not(target_arch = "x86_64"))]
 fn avx2_available() -> bool {
+    false
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn vnni_available() -> bool {
     false
 }
 
@@ -65,7 +82,7 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotFn> {
         )));
     }
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 {
+    if isa != Isa::Scalar {
         if let Some(f) = avx2::kernel(ty) {
             return Ok(f);
         }

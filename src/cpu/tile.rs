@@ -1,0 +1,662 @@
+//! Tiled quantized matmul for x86_64: a tile of R weight rows times T tokens is computed
+//! in registers, so each weight group decoded is used T times and each activation group
+//! loaded is used R times (ggml's CPU backend and llamafile's tinyBLAS do the same).
+//!
+//! Every weight type is seen through one shape: groups of 32 values, each decoded to 32
+//! unsigned bytes `q`, a per-lane scale (the i32 lanes 0-3 hold the first 16 values,
+//! 4-7 the last 16) and an offset per half, so that `w = scale * q + offset`. The
+//! activations are the 8-bit blocks of [`super::act`], rearranged once per matmul into a
+//! [`Plan`]: the i8 values of each token row, and per group the scale and the scaled
+//! sum of the values, group-major so that a tile's tokens sit side by side. Then
+//!
+//! `sum(w * a) = scale * d_a * sum(q * a_q) + offset * (d_a * sum(a_q))`.
+//!
+//! The byte products are summed with `vpdpbusd` (AVX-512 VNNI) or `maddubs` + `madd`
+//! (AVX2, where two products must fit an i16, so Q8_0 weights are left to the row dot).
+
+use std::arch::x86_64::*;
+
+use super::act::ActType;
+use crate::quant::kquant::scale_min_k4;
+use crate::quant::GgmlType;
+use crate::{Error, Result};
+
+/// Bytes ahead of the current block that a row's weights are prefetched.
+const PREFETCH: usize = 512;
+
+/// Activations rearranged for the tile kernels (see the module docs).
+#[derive(Default)]
+pub struct Plan {
+    /// The activation blocks it was made from; `None` before the first build.
+    act: Option<ActType>,
+    n_cols: usize,
+    n_tokens: usize,
+    /// Tokens per group in `d`, `s` and `s16`: `n_tokens` rounded up, plus room for an
+    /// 8-wide load at the last token.
+    stride: usize,
+    /// [n_tokens][n_cols] i8 values.
+    qs: Vec<i8>,
+    /// [n_groups][stride] scales.
+    d: Vec<f32>,
+    /// [n_groups][stride] scale times the sum of the group's values.
+    s: Vec<f32>,
+    /// [2 n_groups][stride] the same per 16 values (Q8_K activations only).
+    s16: Vec<f32>,
+}
+
+impl Plan {
+    pub fn n_tokens(&self) -> usize {
+        self.n_tokens
+    }
+
+    pub fn n_cols(&self) -> usize {
+        self.n_cols
+    }
+
+    pub fn act(&self) -> Option<ActType> {
+        self.act
+    }
+
+    /// Fills the plan from `n_tokens` rows of `at` blocks for rows of `n_cols` values.
+    pub fn build(&mut self, at: ActType, a: &[u8], n_cols: usize, n_tokens: usize) -> Result<()> {
+        let arb = at.row_bytes(n_cols);
+        if at == ActType::F32 || n_cols % 32 != 0 || a.len() < arb * n_tokens {
+            return Err(Error::invalid(format!(
+                "tile plan: {} bytes of {at:?} for {n_tokens} rows of {n_cols}",
+                a.len()
+            )));
+        }
+        let ng = n_cols / 32;
+        let stride = n_tokens.div_ceil(8) * 8 + 8;
+        self.act = Some(at);
+        self.n_cols = n_cols;
+        self.n_tokens = n_tokens;
+        self.stride = stride;
+        self.qs.clear();
+        self.qs.resize(n_cols * n_tokens, 0);
+        for v in [&mut self.d, &mut self.s] {
+            v.clear();
+            v.resize(ng * stride, 0.0);
+        }
+        self.s16.clear();
+        if at == ActType::Q8_K {
+            self.s16.resize(2 * ng * stride, 0.0);
+        }
+        for (t, row) in a.chunks_exact(arb).take(n_tokens).enumerate() {
+            match at {
+                ActType::Q8_0 | ActType::Q8_1 => self.row_q8(t, row, at == ActType::Q8_1),
+                _ => self.row_q8k(t, row),
+            }
+        }
+        Ok(())
+    }
+
+    fn row_q8(&mut self, t: usize, row: &[u8], stored_sum: bool) {
+        let (bb, off) = if stored_sum { (36, 4) } else { (34, 2) };
+        let qs = &mut self.qs[t * self.n_cols..(t + 1) * self.n_cols];
+        for (g, (blk, q)) in row
+            .chunks_exact(bb)
+            .zip(qs.chunks_exact_mut(32))
+            .enumerate()
+        {
+            let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+            let mut sum = 0i32;
+            for (q, &b) in q.iter_mut().zip(&blk[off..off + 32]) {
+                *q = b as i8;
+                sum += b as i8 as i32;
+            }
+            // Q8_1 carries ggml's rounded sum, which the row dots use too.
+            let s = if stored_sum {
+                half::f16::from_le_bytes([blk[2], blk[3]]).to_f32()
+            } else {
+                d * sum as f32
+            };
+            self.d[g * self.stride + t] = d;
+            self.s[g * self.stride + t] = s;
+        }
+    }
+
+    fn row_q8k(&mut self, t: usize, row: &[u8]) {
+        let qs = &mut self.qs[t * self.n_cols..(t + 1) * self.n_cols];
+        for (b, (blk, q)) in row
+            .chunks_exact(292)
+            .zip(qs.chunks_exact_mut(256))
+            .enumerate()
+        {
+            let d = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]);
+            for (q, &v) in q.iter_mut().zip(&blk[4..260]) {
+                *q = v as i8;
+            }
+            let bsum = |j: usize| i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]) as f32;
+            for j in 0..8 {
+                let g = 8 * b + j;
+                self.d[g * self.stride + t] = d;
+                self.s[g * self.stride + t] = d * (bsum(2 * j) + bsum(2 * j + 1));
+                self.s16[2 * g * self.stride + t] = d * bsum(2 * j);
+                self.s16[(2 * g + 1) * self.stride + t] = d * bsum(2 * j + 1);
+            }
+        }
+    }
+}
+
+/// The unsigned-by-signed byte dot product a kernel is built on.
+trait Udot {
+    /// 8 lanes of sums of 4 products of `u` (unsigned) and `s` (signed) bytes.
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
+}
+
+struct Vnni;
+impl Udot for Vnni {
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+    }
+}
+
+struct Avx2;
+impl Udot for Avx2 {
+    #[inline(always)]
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+    }
+}
+
+/// One decoded group: `w = sc * q + off` (per half for `off`).
+#[derive(Clone, Copy)]
+struct Group {
+    q: __m256i,
+    sc: __m256,
+    off: [f32; 2],
+}
+
+/// A weight type's blocks, seen as groups of 32.
+trait Decode {
+    const BYTES: usize;
+    const GROUPS: usize;
+    /// Offsets differ between the halves of a group (Q6_K's 16-value sub-blocks).
+    const HALVES: bool = false;
+    /// What a block's groups share, decoded once per block.
+    type Hdr: Copy;
+    const ZERO: Self::Hdr;
+    unsafe fn hdr(b: *const u8) -> Self::Hdr;
+    unsafe fn group(b: *const u8, h: &Self::Hdr, j: usize) -> Group;
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = u16::from_le_bytes([*p, *p.add(1)]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline(always)]
+unsafe fn load(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// 16 bytes of nibble pairs as 32 bytes: low nibbles first, then high (ggml's order).
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let t = _mm_loadu_si128(p as *const __m128i);
+    let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+    _mm256_and_si256(b, _mm256_set1_epi8(0x0f))
+}
+
+/// Bit i of `x` as byte i: 0x10 when set, 0 when clear.
+#[inline(always)]
+unsafe fn fifth_bits(x: u32) -> __m256i {
+    let shuf = _mm256_set_epi64x(
+        0x0303_0303_0303_0303,
+        0x0202_0202_0202_0202,
+        0x0101_0101_0101_0101,
+        0,
+    );
+    let b = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+    let b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64));
+    let set = _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+#[inline(always)]
+unsafe fn u32_at(p: *const u8) -> u32 {
+    (p as *const u32).read_unaligned()
+}
+
+#[inline(always)]
+fn simple(q: __m256i, d: f32, off: f32) -> Group {
+    // SAFETY: plain register broadcast, available wherever the kernels run.
+    let sc = unsafe { _mm256_set1_ps(d) };
+    Group {
+        q,
+        sc,
+        off: [off, off],
+    }
+}
+
+struct Q4_0;
+impl Decode for Q4_0 {
+    const BYTES: usize = 18;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        let d = f16_at(b);
+        simple(nibbles(b.add(2)), d, -8.0 * d)
+    }
+}
+
+struct Q4_1;
+impl Decode for Q4_1 {
+    const BYTES: usize = 20;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        simple(nibbles(b.add(4)), f16_at(b), f16_at(b.add(2)))
+    }
+}
+
+struct Q5_0;
+impl Decode for Q5_0 {
+    const BYTES: usize = 22;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        let d = f16_at(b);
+        let q = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(u32_at(b.add(2))));
+        simple(q, d, -16.0 * d)
+    }
+}
+
+struct Q5_1;
+impl Decode for Q5_1 {
+    const BYTES: usize = 24;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        let q = _mm256_or_si256(nibbles(b.add(8)), fifth_bits(u32_at(b.add(4))));
+        simple(q, f16_at(b), f16_at(b.add(2)))
+    }
+}
+
+/// Q8_0 as unsigned bytes: q + 128, offset by -128 d (VNNI only: two such products
+/// overflow the i16 of `maddubs`).
+struct Q8_0;
+impl Decode for Q8_0 {
+    const BYTES: usize = 34;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        let d = f16_at(b);
+        let q = _mm256_xor_si256(load(b.add(2)), _mm256_set1_epi8(0x80u8 as i8));
+        simple(q, d, -128.0 * d)
+    }
+}
+
+/// Q4_K and Q5_K: d, dmin, 12 bytes of 6-bit scales and mins, per group of 32.
+#[derive(Clone, Copy)]
+struct KHdr {
+    sc: [f32; 8],
+    mn: [f32; 8],
+}
+
+#[inline(always)]
+unsafe fn k4_hdr(b: *const u8) -> KHdr {
+    let mut raw = [0u8; 12];
+    std::ptr::copy_nonoverlapping(b.add(4), raw.as_mut_ptr(), 12);
+    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+    let mut h = KHdr {
+        sc: [0.0; 8],
+        mn: [0.0; 8],
+    };
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, &raw);
+        h.sc[j] = d * s as f32;
+        h.mn[j] = -dmin * m as f32;
+    }
+    h
+}
+
+struct Q4K;
+impl Decode for Q4K {
+    const BYTES: usize = 144;
+    const GROUPS: usize = 8;
+    type Hdr = KHdr;
+    const ZERO: KHdr = KHdr {
+        sc: [0.0; 8],
+        mn: [0.0; 8],
+    };
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> KHdr {
+        k4_hdr(b)
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &KHdr, j: usize) -> Group {
+        let q = load(b.add(16 + 32 * (j / 2)));
+        let q = if j % 2 == 1 {
+            _mm256_srli_epi16(q, 4)
+        } else {
+            q
+        };
+        let q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+        simple(q, h.sc[j], h.mn[j])
+    }
+}
+
+struct Q5K;
+impl Decode for Q5K {
+    const BYTES: usize = 176;
+    const GROUPS: usize = 8;
+    type Hdr = KHdr;
+    const ZERO: KHdr = KHdr {
+        sc: [0.0; 8],
+        mn: [0.0; 8],
+    };
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> KHdr {
+        k4_hdr(b)
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &KHdr, j: usize) -> Group {
+        let q = load(b.add(48 + 32 * (j / 2)));
+        let q = if j % 2 == 1 {
+            _mm256_srli_epi16(q, 4)
+        } else {
+            q
+        };
+        let q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+        // Bit j of each of the 32 high-bit bytes, moved to bit 4.
+        let hb = _mm256_and_si256(load(b.add(16)), _mm256_set1_epi8((1u8 << j) as i8));
+        let hb = _mm256_min_epu8(hb, _mm256_set1_epi8(1));
+        let q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+        simple(q, h.sc[j], h.mn[j])
+    }
+}
+
+/// Q6_K: ql[128], qh[64], i8 scales[16], f16 d; values stored plus 32, a scale per 16.
+struct Q6K;
+impl Decode for Q6K {
+    const BYTES: usize = 210;
+    const GROUPS: usize = 8;
+    const HALVES: bool = true;
+    type Hdr = [f32; 16];
+    const ZERO: [f32; 16] = [0.0; 16];
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> [f32; 16] {
+        let d = f16_at(b.add(208));
+        let mut s = [0.0; 16];
+        for (k, s) in s.iter_mut().enumerate() {
+            *s = d * *b.add(192 + k) as i8 as f32;
+        }
+        s
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &[f32; 16], j: usize) -> Group {
+        // Group j = 4n + g covers values 128n + 32g ..; see ggml's dequantize_row_q6_K.
+        let (n, g) = (j / 4, j % 4);
+        let ql = load(b.add(64 * n + 32 * (g % 2)));
+        let lo = if g >= 2 { _mm256_srli_epi16(ql, 4) } else { ql };
+        let lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0f));
+        let qh = load(b.add(128 + 32 * n));
+        let hi = match g {
+            0 => qh,
+            1 => _mm256_srli_epi16(qh, 2),
+            2 => _mm256_srli_epi16(qh, 4),
+            _ => _mm256_srli_epi16(qh, 6),
+        };
+        let hi = _mm256_and_si256(hi, _mm256_set1_epi8(3));
+        let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        let k = 8 * n + 2 * g;
+        let sc = _mm256_set_m128(_mm_set1_ps(h[k + 1]), _mm_set1_ps(h[k]));
+        Group {
+            q,
+            sc,
+            off: [-32.0 * h[k], -32.0 * h[k + 1]],
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// The R x T tile at rows `r0..` (at `w`, `rb` bytes apart) and tokens `t0..t0 + T`:
+/// row r . token t over `nb` blocks into `out`.
+// Index loops over the tile: the compiler unrolls them and keeps `acc` in registers.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn tile<D: Decode, U: Udot, const R: usize, const T: usize>(
+    w: *const u8,
+    rb: usize,
+    nb: usize,
+    p: &Plan,
+    r0: usize,
+    t0: usize,
+    out: Out,
+) {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    const { assert!(T <= 8) };
+    // Offset terms of the 8 tokens from t0 (only the first T are used).
+    let mut offs = [_mm256_setzero_ps(); R];
+    let qs = p.qs.as_ptr() as *const u8;
+    let (dp, sp, s16p) = (p.d.as_ptr(), p.s.as_ptr(), p.s16.as_ptr());
+    for b in 0..nb {
+        // Plain loops, not closures: a closure would not inherit the caller's target
+        // features and the intrinsics in it would not be inlined.
+        let mut hdr = [D::ZERO; R];
+        for (r, h) in hdr.iter_mut().enumerate() {
+            *h = D::hdr(w.add(r * rb + b * D::BYTES));
+            // Weights stream from memory once per token: ask for them well ahead, as
+            // the hardware prefetcher alone leaves the 4-bit kernels waiting on loads.
+            // (wrapping: the address may lie past the row's end; a prefetch never faults)
+            let ahead = w.wrapping_add(r * rb + b * D::BYTES + PREFETCH);
+            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+        }
+        for j in 0..D::GROUPS {
+            let g = b * D::GROUPS + j;
+            let mut grp = [Group {
+                q: _mm256_setzero_si256(),
+                sc: _mm256_setzero_ps(),
+                off: [0.0; 2],
+            }; R];
+            for (r, gr) in grp.iter_mut().enumerate() {
+                *gr = D::group(w.add(r * rb + b * D::BYTES), &hdr[r], j);
+            }
+            for t in 0..T {
+                let a = load(qs.add((t0 + t) * p.n_cols + 32 * g));
+                let da = _mm256_broadcast_ss(&*dp.add(g * p.stride + t0 + t));
+                for r in 0..R {
+                    let dot = _mm256_cvtepi32_ps(U::dot(grp[r].q, a));
+                    acc[r][t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(grp[r].sc, da), acc[r][t]);
+                }
+            }
+            for r in 0..R {
+                if D::HALVES {
+                    let s0 = _mm256_loadu_ps(s16p.add(2 * g * p.stride + t0));
+                    let s1 = _mm256_loadu_ps(s16p.add((2 * g + 1) * p.stride + t0));
+                    offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(grp[r].off[0]), s0, offs[r]);
+                    offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(grp[r].off[1]), s1, offs[r]);
+                } else {
+                    let s = _mm256_loadu_ps(sp.add(g * p.stride + t0));
+                    offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(grp[r].off[0]), s, offs[r]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        let mut o = [0f32; 8];
+        _mm256_storeu_ps(o.as_mut_ptr(), offs[r]);
+        for t in 0..T {
+            *out.y.add((t0 + t) * out.ld + r0 + r) = hsum(acc[r][t]) + o[t];
+        }
+    }
+}
+
+/// Where a tile's results go: `y[t * ld + r]` for row r and token t.
+#[derive(Clone, Copy)]
+pub struct Out {
+    pub y: *mut f32,
+    pub ld: usize,
+}
+
+/// Rows `rows` of the matrix at `w` (rows `rb` bytes apart, `nb` blocks each) times
+/// every token of `p`, in tiles of RT rows by TT tokens (and smaller at the edges).
+#[inline(always)]
+unsafe fn rows_times_plan<D: Decode, U: Udot, const RT: usize, const TT: usize>(
+    w: &[u8],
+    rb: usize,
+    nb: usize,
+    p: &Plan,
+    rows: std::ops::Range<usize>,
+    out: Out,
+) {
+    let wp = w.as_ptr();
+    let nt = p.n_tokens;
+    let mut r = rows.start;
+    while r < rows.end {
+        let full = r + RT <= rows.end;
+        let wr = wp.add(r * rb);
+        let mut t = 0;
+        while t < nt {
+            let whole = t + TT <= nt;
+            match (full, whole) {
+                (true, true) => tile::<D, U, RT, TT>(wr, rb, nb, p, r, t, out),
+                (true, false) => tile::<D, U, RT, 1>(wr, rb, nb, p, r, t, out),
+                (false, true) => tile::<D, U, 1, TT>(wr, rb, nb, p, r, t, out),
+                (false, false) => tile::<D, U, 1, 1>(wr, rb, nb, p, r, t, out),
+            }
+            t += if whole { TT } else { 1 };
+        }
+        r += if full { RT } else { 1 };
+    }
+}
+
+/// Multiplies rows `rows` of a weight matrix (rows `rb` bytes apart) by every token of
+/// a plan into `out`.
+///
+/// # Safety
+/// `w` must hold the rows, `out` must be valid for every (row, token) written, and no
+/// other thread may write those outputs meanwhile.
+pub type TileFn = unsafe fn(w: &[u8], rb: usize, p: &Plan, rows: std::ops::Range<usize>, out: Out);
+
+/// Which byte-product instruction a tile kernel uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    Avx2,
+    Vnni,
+}
+
+impl Flavor {
+    /// The best flavour this CPU runs, if any.
+    pub fn detect() -> Option<Flavor> {
+        [Flavor::Vnni, Flavor::Avx2]
+            .into_iter()
+            .find(|f| f.available())
+    }
+
+    pub fn available(self) -> bool {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        match self {
+            Flavor::Avx2 => avx2,
+            Flavor::Vnni => {
+                avx2 && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+        }
+    }
+}
+
+macro_rules! entry {
+    ($name:ident, $feat:literal, $u:ty, $d:ty, $rt:literal, $tt:literal) => {
+        #[target_feature(enable = $feat)]
+        unsafe fn $name(w: &[u8], rb: usize, p: &Plan, rows: std::ops::Range<usize>, out: Out) {
+            // Never more blocks than both the weight row and the activations hold.
+            let nb = (p.n_cols / 32 / <$d>::GROUPS).min(rb / <$d>::BYTES);
+            let rows = rows.start..rows.end.min(w.len() / rb.max(1));
+            if p.n_tokens < $tt {
+                // Generation: tokens one by one, where four rows share each load best.
+                rows_times_plan::<$d, $u, 4, 1>(w, rb, nb, p, rows, out)
+            } else {
+                rows_times_plan::<$d, $u, $rt, $tt>(w, rb, nb, p, rows, out)
+            }
+        }
+    };
+}
+
+macro_rules! flavors {
+    ($($d:ident => $a:ident, $v:ident;)*) => {
+        $(
+            // AVX2 has 16 vector registers: a 4 x 2 tile's accumulators and decoded
+            // groups fit; with AVX-512VL's 32, a 3 x 8 tile does (measured faster than
+            // 4 x 4 and 2 x 8: fewer decodes per product).
+            entry!($a, "avx2,fma,f16c", Avx2, $d, 4, 2);
+            entry!($v, "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni", Vnni, $d, 3, 8);
+        )*
+    };
+}
+
+flavors! {
+    Q4_0 => q4_0_avx2, q4_0_vnni;
+    Q4_1 => q4_1_avx2, q4_1_vnni;
+    Q5_0 => q5_0_avx2, q5_0_vnni;
+    Q5_1 => q5_1_avx2, q5_1_vnni;
+    Q8_0 => q8_0_avx2, q8_0_vnni;
+    Q4K => q4_k_avx2, q4_k_vnni;
+    Q5K => q5_k_avx2, q5_k_vnni;
+    Q6K => q6_k_avx2, q6_k_vnni;
+}
+
+/// The tile kernel for weights of `ty` in `flavor`, or `None` where the row dots are used
+/// (float and 2/3-bit weights; Q8_0 without VNNI, whose byte pairs overflow `maddubs`).
+/// Callers must have checked `flavor.available()`.
+pub fn kernel(ty: GgmlType, flavor: Flavor) -> Option<TileFn> {
+    use GgmlType as G;
+    let vnni = flavor == Flavor::Vnni;
+    Some(match (ty, vnni) {
+        (G::Q4_0, false) => q4_0_avx2,
+        (G::Q4_0, true) => q4_0_vnni,
+        (G::Q4_1, false) => q4_1_avx2,
+        (G::Q4_1, true) => q4_1_vnni,
+        (G::Q5_0, false) => q5_0_avx2,
+        (G::Q5_0, true) => q5_0_vnni,
+        (G::Q5_1, false) => q5_1_avx2,
+        (G::Q5_1, true) => q5_1_vnni,
+        (G::Q8_0, true) => q8_0_vnni,
+        (G::Q8_0, false) => {
+            let _ = q8_0_avx2;
+            return None;
+        }
+        (G::Q4_K, false) => q4_k_avx2,
+        (G::Q4_K, true) => q4_k_vnni,
+        (G::Q5_K, false) => q5_k_avx2,
+        (G::Q5_K, true) => q5_k_vnni,
+        (G::Q6_K, false) => q6_k_avx2,
+        (G::Q6_K, true) => q6_k_vnni,
+        _ => return None,
+    })
+}
