@@ -19,7 +19,7 @@ timeout 240 $B kernels --full --reps 10 --json > "$OUT/kernels.json" 2> "$OUT/ke
 timeout 120 $B kernels --full --reps 5 --batch 1 --compare > "$OUT/kernels-compare.md" 2>&1 || true
 for m in models/*.gguf; do
   [ -f "$m" ] || continue
-  for v in sg wg; do
+  for v in sg wg ks; do
     WGLLM_MUL_MAT=$v timeout 60 $B model -m "$m" -p 512 -n 128 -r 3 > "$OUT/model-$(basename "$m" .gguf)-$v.md" 2>&1 || true
   done
 done
