@@ -334,6 +334,19 @@ unsafe fn k4_hdr(b: *const u8) -> KHdr {
     h
 }
 
+/// The 32 nibbles of group j of a Q4_K/Q5_K block whose quants start at `qs`: groups
+/// 2i and 2i + 1 are the low and high nibbles of the same 32 bytes.
+#[inline(always)]
+unsafe fn k_nibbles(qs: *const u8, j: usize) -> __m256i {
+    let q = load(qs.add(32 * (j / 2)));
+    let q = if j % 2 == 1 {
+        _mm256_srli_epi16(q, 4)
+    } else {
+        q
+    };
+    _mm256_and_si256(q, _mm256_set1_epi8(0x0f))
+}
+
 struct Q4K;
 impl Decode for Q4K {
     const BYTES: usize = 144;
@@ -349,14 +362,7 @@ impl Decode for Q4K {
     }
     #[inline(always)]
     unsafe fn group(b: *const u8, h: &KHdr, j: usize) -> Group {
-        let q = load(b.add(16 + 32 * (j / 2)));
-        let q = if j % 2 == 1 {
-            _mm256_srli_epi16(q, 4)
-        } else {
-            q
-        };
-        let q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
-        simple(q, h.sc[j], h.mn[j])
+        simple(k_nibbles(b.add(16), j), h.sc[j], h.mn[j])
     }
 }
 
@@ -375,13 +381,7 @@ impl Decode for Q5K {
     }
     #[inline(always)]
     unsafe fn group(b: *const u8, h: &KHdr, j: usize) -> Group {
-        let q = load(b.add(48 + 32 * (j / 2)));
-        let q = if j % 2 == 1 {
-            _mm256_srli_epi16(q, 4)
-        } else {
-            q
-        };
-        let q = _mm256_and_si256(q, _mm256_set1_epi8(0x0f));
+        let q = k_nibbles(b.add(48), j);
         // Bit j of each of the 32 high-bit bytes, moved to bit 4.
         let hb = _mm256_and_si256(load(b.add(16)), _mm256_set1_epi8((1u8 << j) as i8));
         let hb = _mm256_min_epu8(hb, _mm256_set1_epi8(1));
