@@ -12,6 +12,7 @@ use crate::ops::rope::{Rope, RopeMode};
 use crate::{Error, Result};
 
 /// Dot product with eight partial sums, a shape the compiler turns into vector code.
+#[inline(always)]
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 8];
     let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
@@ -26,6 +27,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// y += a * x.
+#[inline(always)]
 fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     for (y, x) in y.iter_mut().zip(x) {
         *y += a * x;
@@ -279,48 +281,96 @@ pub fn attention(
         return Err(Error::invalid("attention: buffers too small for the batch"));
     }
     let group = nh / nkv;
-    let kd = cache.kv_dim;
     let o = SharedMut::new(out);
+    let wide = wide_vectors();
     pool.run(&|ith, nth| {
         let Ok(mut s) = scratch.rows[ith].lock() else {
             return;
         };
         for item in split(n_tokens * nh, ith, nth) {
             let (t, h) = (item / nh, item % nh);
-            let qpos = pos + t;
-            let hk = h / group;
-            let qv = &q[item * hd..(item + 1) * hd];
-            // Keys in the window: (qpos - window, qpos].
-            let first = if a.window > 0 {
-                (qpos + 1).saturating_sub(a.window as usize)
-            } else {
-                0
+            let one = AttnItem {
+                q: &q[item * hd..(item + 1) * hd],
+                qpos: pos + t,
+                hk: h / group,
             };
-            let s = &mut s[first..=qpos];
-            let mut m = f32::NEG_INFINITY;
-            for (j, sj) in s.iter_mut().enumerate() {
-                let kv = &cache.k[(first + j) * kd + hk * hd..][..hd];
-                *sj = dot(qv, kv) * a.scale;
-                m = m.max(*sj);
-            }
-            let mut sum = 0.0;
-            for sj in s.iter_mut() {
-                *sj = (*sj - m).exp();
-                sum += *sj;
-            }
             // SAFETY: each (token, head) item is one thread's, and so is its output row.
             let orow = unsafe { o.slice(item * hd, hd) };
-            orow.fill(0.0);
-            for (j, p) in s.iter().enumerate() {
-                axpy(orow, *p, &cache.v[(first + j) * kd + hk * hd..][..hd]);
-            }
-            let inv = 1.0 / sum;
-            for v in orow.iter_mut() {
-                *v *= inv;
-            }
+            attend(wide, a, cache, &one, &mut s, orow);
         }
     });
     Ok(())
+}
+
+/// One query row of attention: token position and KV head.
+struct AttnItem<'a> {
+    q: &'a [f32],
+    qpos: usize,
+    hk: usize,
+}
+
+/// Whether the 256-bit build of [`attend_one`] can run here.
+fn wide_vectors() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// [`attend_one`], compiled for 256-bit vectors when `wide` (the crate's baseline is
+/// SSE2, which halves the width of its dot products and sums).
+fn attend(wide: bool, a: &Attention, c: &KvCache, it: &AttnItem, s: &mut [f32], o: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if wide {
+        // SAFETY: `wide` is only true when the CPU has AVX2 (`wide_vectors`).
+        return unsafe { attend_avx2(a, c, it, s, o) };
+    }
+    let _ = wide;
+    attend_one(a, c, it, s, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn attend_avx2(a: &Attention, c: &KvCache, it: &AttnItem, s: &mut [f32], o: &mut [f32]) {
+    attend_one(a, c, it, s, o)
+}
+
+/// Softmax-weighted sum of the values for one query row into `orow`; `s` is scratch
+/// of at least qpos + 1 scores.
+#[inline(always)]
+fn attend_one(a: &Attention, cache: &KvCache, it: &AttnItem, s: &mut [f32], orow: &mut [f32]) {
+    let hd = it.q.len();
+    let kd = cache.kv_dim;
+    // Keys in the window: (qpos - window, qpos].
+    let first = if a.window > 0 {
+        (it.qpos + 1).saturating_sub(a.window as usize)
+    } else {
+        0
+    };
+    let s = &mut s[first..=it.qpos];
+    let mut m = f32::NEG_INFINITY;
+    for (j, sj) in s.iter_mut().enumerate() {
+        let kv = &cache.k[(first + j) * kd + it.hk * hd..][..hd];
+        *sj = dot(it.q, kv) * a.scale;
+        m = m.max(*sj);
+    }
+    let mut sum = 0.0;
+    for sj in s.iter_mut() {
+        *sj = (*sj - m).exp();
+        sum += *sj;
+    }
+    orow.fill(0.0);
+    for (j, p) in s.iter().enumerate() {
+        axpy(orow, *p, &cache.v[(first + j) * kd + it.hk * hd..][..hd]);
+    }
+    let inv = 1.0 / sum;
+    for v in orow.iter_mut() {
+        *v *= inv;
+    }
 }
 
 /// `n` zeros, or `None` when the allocation fails (instead of aborting).
