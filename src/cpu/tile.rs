@@ -17,6 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::act::ActType;
+use super::dot::avx2::{bits_to_bytes, nibbles};
 use crate::quant::kquant::scale_min_k4;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -193,27 +194,10 @@ unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
-/// 16 bytes of nibble pairs as 32 bytes: low nibbles first, then high (ggml's order).
-#[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
-    let t = _mm_loadu_si128(p as *const __m128i);
-    let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-    _mm256_and_si256(b, _mm256_set1_epi8(0x0f))
-}
-
 /// Bit i of `x` as byte i: 0x10 when set, 0 when clear.
 #[inline(always)]
 unsafe fn fifth_bits(x: u32) -> __m256i {
-    let shuf = _mm256_set_epi64x(
-        0x0303_0303_0303_0303,
-        0x0202_0202_0202_0202,
-        0x0101_0101_0101_0101,
-        0,
-    );
-    let b = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
-    let b = _mm256_or_si256(b, _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64));
-    let set = _mm256_cmpeq_epi8(b, _mm256_set1_epi64x(-1));
-    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+    _mm256_and_si256(bits_to_bytes(x), _mm256_set1_epi8(0x10))
 }
 
 #[inline(always)]

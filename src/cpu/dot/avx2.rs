@@ -71,7 +71,7 @@ unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
 
 /// 16 bytes of nibble pairs as 32 bytes: low nibbles in the low lane, high in the high.
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+pub(crate) unsafe fn nibbles(p: *const u8) -> __m256i {
     let t = _mm_loadu_si128(p as *const __m128i);
     let b = _mm256_insertf128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
     _mm256_and_si256(b, _mm256_set1_epi8(0x0f))
@@ -79,7 +79,7 @@ unsafe fn nibbles(p: *const u8) -> __m256i {
 
 /// Bit i of `x` as byte i: 0xff when set, 0 when clear.
 #[inline(always)]
-unsafe fn bits_to_bytes(x: u32) -> __m256i {
+pub(crate) unsafe fn bits_to_bytes(x: u32) -> __m256i {
     let shuf = _mm256_set_epi64x(
         0x0303_0303_0303_0303,
         0x0202_0202_0202_0202,
