@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use common::{nmse, Rng};
 use wgllm::cpu::act::{quantize_rows, ActType};
+use wgllm::cpu::attention as cattn;
 use wgllm::cpu::backend::CpuModel;
 use wgllm::cpu::dot::{kernel, Isa};
 use wgllm::cpu::matmul::{mul_mat, WeightView};
@@ -343,9 +344,19 @@ fn glu_and_add_match_reference() {
 fn attention_matches_reference() {
     let mut rng = Rng::new(13);
     let pool = Pool::new(2);
-    let n_ctx = 40usize;
-    for (n_head, n_head_kv, window) in [(4u32, 4u32, 0u32), (9, 3, 0), (4, 2, 5)] {
-        let hd = 16usize;
+    let n_ctx = 90usize;
+    // Head sizes with and without 16- and 8-wide tails; groups of 1, 3, 4 and 16 heads
+    // (items of several tokens, of one, and of part of a group); windows shorter than a
+    // batch.
+    let shapes = [
+        (16usize, 4u32, 4u32, 0u32),
+        (64, 9, 3, 0),
+        (20, 4, 2, 5),
+        (36, 4, 1, 0),
+        (8, 16, 1, 7),
+        (3, 2, 2, 0),
+    ];
+    for (hd, n_head, n_head_kv, window) in shapes {
         let a = Attention {
             head_dim: hd as u32,
             n_head,
@@ -355,13 +366,13 @@ fn attention_matches_reference() {
             scale: 0.25,
         };
         let kv_dim = hd * n_head_kv as usize;
-        let mut cache = cops::KvCache::new(kv_dim, n_ctx).unwrap();
-        let scratch = cops::AttnScratch::new(pool.n_threads(), n_ctx);
+        let mut cache = cattn::KvCache::new(kv_dim, n_ctx).unwrap();
+        let scratch = cattn::AttnScratch::new(pool.n_threads(), n_ctx);
         // GPU layouts for the reference: k [kv_dim, n_ctx], v transposed [n_ctx, kv_dim].
         let mut k_ref = vec![0.0; kv_dim * n_ctx];
         let mut v_ref = vec![0.0; kv_dim * n_ctx];
         let mut pos = 0;
-        for n_tokens in [1usize, 6, 1, 9] {
+        for n_tokens in [1usize, 6, 1, 9, 37, 1, 2] {
             let k = rng.vec(kv_dim * n_tokens, 1.0);
             let v = rng.vec(kv_dim * n_tokens, 1.0);
             let q = rng.vec(hd * n_head as usize * n_tokens, 2.0);
@@ -375,11 +386,11 @@ fn attention_matches_reference() {
             let mut want = vec![0.0; q.len()];
             a.reference(&q, &k_ref, &v_ref, &mut want, pos as u32, n_tokens as u32);
             let mut got = vec![0.0; q.len()];
-            cops::attention(&pool, &a, &q, &cache, &mut got, pos, n_tokens, &scratch).unwrap();
+            cattn::attention(&pool, &a, &q, &cache, &mut got, pos, n_tokens, &scratch).unwrap();
             let e = nmse(&got, &want);
             assert!(
                 e < 1e-10,
-                "heads {n_head}/{n_head_kv} window {window} pos {pos}: {e:.2e}"
+                "hd {hd} heads {n_head}/{n_head_kv} window {window} pos {pos}: {e:.2e}"
             );
             pos += n_tokens;
         }

@@ -9,9 +9,10 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::act::ActType;
+use super::attention::{self, AttnScratch, KvCache};
 use super::dot::Isa;
 use super::matmul::{mul_mat_quantized, WeightView};
-use super::ops::{self, AttnScratch, KvCache};
+use super::ops;
 use super::pool::Pool;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::model::gpu_backend::Logits;
@@ -283,7 +284,7 @@ impl Ops for CpuOps<'_> {
         cache.store(&k.read()?, &v.read()?, pos, self.n_tokens)?;
         let qv = q.read()?;
         let mut ov = out.write()?;
-        ops::attention(
+        attention::attention(
             self.pool,
             attn,
             &qv,

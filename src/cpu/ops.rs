@@ -1,12 +1,7 @@
-//! Elementwise and attention kernels of the CPU backend, with the semantics of the GPU
-//! ops and their references in `crate::ops`. The CPU KV cache is position-major for
-//! both keys and values (`[kv_dim, n_ctx]` in ggml order: position p's row at
-//! `p * kv_dim`), so scores and the weighted sum both walk contiguous rows.
-
-use std::sync::Mutex;
+//! Elementwise kernels of the CPU backend, with the semantics of the GPU ops and their
+//! references in `crate::ops`.
 
 use super::pool::{split, Pool, SharedMut};
-use crate::ops::attention::Attention;
 use crate::ops::glu::Activation;
 use crate::ops::rope::{Rope, RopeMode};
 use crate::{Error, Result};
@@ -24,14 +19,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     let tail: f32 = ra.iter().zip(rb).map(|(x, y)| x * y).sum();
     acc.iter().sum::<f32>() + tail
-}
-
-/// y += a * x.
-#[inline(always)]
-fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
-    for (y, x) in y.iter_mut().zip(x) {
-        *y += a * x;
-    }
 }
 
 /// y = rms_norm(x) * w over rows of `n`; x, y: [n, n_rows]; w: [n].
@@ -191,190 +178,8 @@ pub fn add(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// One layer's keys and values: [kv_dim, n_ctx] each, position-major.
-pub struct KvCache {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
-    pub kv_dim: usize,
-    pub n_ctx: usize,
-}
-
-impl KvCache {
-    pub fn new(kv_dim: usize, n_ctx: usize) -> Result<KvCache> {
-        let n = kv_dim
-            .checked_mul(n_ctx)
-            .ok_or_else(|| Error::invalid("KV cache size overflows"))?;
-        // A context too large for memory is an error, not an abort. The zeroed pages come
-        // from the allocator lazily, so a large cache costs nothing until it is used.
-        let zeros = || -> Result<Vec<f32>> {
-            zeroed_f32(n).ok_or_else(|| {
-                Error::invalid(format!(
-                    "the KV cache for a context of {n_ctx} needs {} MiB per layer, more than \
-                     this machine can allocate; lower -c",
-                    (n as u64 * 8) >> 20
-                ))
-            })
-        };
-        Ok(KvCache {
-            k: zeros()?,
-            v: zeros()?,
-            kv_dim,
-            n_ctx,
-        })
-    }
-
-    /// Stores k, v ([kv_dim, n_tokens]) at positions pos, pos + 1, ...
-    pub fn store(&mut self, k: &[f32], v: &[f32], pos: usize, n_tokens: usize) -> Result<()> {
-        let n = n_tokens * self.kv_dim;
-        let at = pos * self.kv_dim;
-        if pos + n_tokens > self.n_ctx || k.len() < n || v.len() < n {
-            return Err(Error::invalid(format!(
-                "KV store of {n_tokens} tokens at {pos} in a context of {}",
-                self.n_ctx
-            )));
-        }
-        self.k[at..at + n].copy_from_slice(&k[..n]);
-        self.v[at..at + n].copy_from_slice(&v[..n]);
-        Ok(())
-    }
-}
-
-/// Per-thread score rows for [`attention`].
-pub struct AttnScratch {
-    rows: Vec<Mutex<Vec<f32>>>,
-}
-
-impl AttnScratch {
-    pub fn new(n_threads: usize, n_ctx: usize) -> AttnScratch {
-        AttnScratch {
-            rows: (0..n_threads.max(1))
-                .map(|_| Mutex::new(vec![0.0; n_ctx]))
-                .collect(),
-        }
-    }
-}
-
-/// Causal attention of q ([head_dim, n_head, n_tokens], tokens at pos, pos + 1, ...)
-/// over the cache, which already holds positions 0 .. pos + n_tokens; out has q's shape.
-/// Heads and tokens are spread over the pool's threads.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    pool: &Pool,
-    a: &Attention,
-    q: &[f32],
-    cache: &KvCache,
-    out: &mut [f32],
-    pos: usize,
-    n_tokens: usize,
-    scratch: &AttnScratch,
-) -> Result<()> {
-    let (hd, nh, nkv) = (a.head_dim as usize, a.n_head as usize, a.n_head_kv as usize);
-    let n_kv = pos + n_tokens;
-    if nkv == 0 || nh % nkv != 0 || hd * nkv != cache.kv_dim || n_kv > cache.n_ctx {
-        return Err(Error::invalid(format!(
-            "attention: {nh} heads over {nkv} KV heads of {hd} with a cache row of {}",
-            cache.kv_dim
-        )));
-    }
-    let n = hd * nh * n_tokens;
-    if q.len() < n || out.len() < n || scratch.rows.len() < pool.n_threads() {
-        return Err(Error::invalid("attention: buffers too small for the batch"));
-    }
-    let group = nh / nkv;
-    let o = SharedMut::new(out);
-    let wide = wide_vectors();
-    pool.run(&|ith, nth| {
-        let Ok(mut s) = scratch.rows[ith].lock() else {
-            return;
-        };
-        for item in split(n_tokens * nh, ith, nth) {
-            let (t, h) = (item / nh, item % nh);
-            let one = AttnItem {
-                q: &q[item * hd..(item + 1) * hd],
-                qpos: pos + t,
-                hk: h / group,
-            };
-            // SAFETY: each (token, head) item is one thread's, and so is its output row.
-            let orow = unsafe { o.slice(item * hd, hd) };
-            attend(wide, a, cache, &one, &mut s, orow);
-        }
-    });
-    Ok(())
-}
-
-/// One query row of attention: token position and KV head.
-struct AttnItem<'a> {
-    q: &'a [f32],
-    qpos: usize,
-    hk: usize,
-}
-
-/// Whether the 256-bit build of [`attend_one`] can run here.
-fn wide_vectors() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// [`attend_one`], compiled for 256-bit vectors when `wide` (the crate's baseline is
-/// SSE2, which halves the width of its dot products and sums).
-fn attend(wide: bool, a: &Attention, c: &KvCache, it: &AttnItem, s: &mut [f32], o: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if wide {
-        // SAFETY: `wide` is only true when the CPU has AVX2 (`wide_vectors`).
-        return unsafe { attend_avx2(a, c, it, s, o) };
-    }
-    let _ = wide;
-    attend_one(a, c, it, s, o)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn attend_avx2(a: &Attention, c: &KvCache, it: &AttnItem, s: &mut [f32], o: &mut [f32]) {
-    attend_one(a, c, it, s, o)
-}
-
-/// Softmax-weighted sum of the values for one query row into `orow`; `s` is scratch
-/// of at least qpos + 1 scores.
-#[inline(always)]
-fn attend_one(a: &Attention, cache: &KvCache, it: &AttnItem, s: &mut [f32], orow: &mut [f32]) {
-    let hd = it.q.len();
-    let kd = cache.kv_dim;
-    // Keys in the window: (qpos - window, qpos].
-    let first = if a.window > 0 {
-        (it.qpos + 1).saturating_sub(a.window as usize)
-    } else {
-        0
-    };
-    let s = &mut s[first..=it.qpos];
-    let mut m = f32::NEG_INFINITY;
-    for (j, sj) in s.iter_mut().enumerate() {
-        let kv = &cache.k[(first + j) * kd + it.hk * hd..][..hd];
-        *sj = dot(it.q, kv) * a.scale;
-        m = m.max(*sj);
-    }
-    let mut sum = 0.0;
-    for sj in s.iter_mut() {
-        *sj = (*sj - m).exp();
-        sum += *sj;
-    }
-    orow.fill(0.0);
-    for (j, p) in s.iter().enumerate() {
-        axpy(orow, *p, &cache.v[(first + j) * kd + it.hk * hd..][..hd]);
-    }
-    let inv = 1.0 / sum;
-    for v in orow.iter_mut() {
-        *v *= inv;
-    }
-}
-
 /// `n` zeros, or `None` when the allocation fails (instead of aborting).
-fn zeroed_f32(n: usize) -> Option<Vec<f32>> {
+pub(super) fn zeroed_f32(n: usize) -> Option<Vec<f32>> {
     if n == 0 {
         return Some(Vec::new());
     }
