@@ -237,7 +237,7 @@ impl Ops for CpuOps<'_> {
                 .get(first * view.n_cols..(first + n) * view.n_cols)
                 .ok_or_else(|| Error::invalid(format!("{}: input too short", w.name)))?;
             self.work.qkey = None;
-            super::act::quantize_rows(at, xs, view.n_cols, &mut self.work.qbuf)?;
+            super::act::quantize_rows_on(self.pool, at, xs, view.n_cols, &mut self.work.qbuf)?;
             self.work.qkey = Some(key);
         }
         let mut yv = y.write()?;
