@@ -242,17 +242,20 @@ fn an_absurd_context_is_a_clear_error() {
 #[test]
 fn validation_errors_are_caught_by_error_scopes() {
     let ctx = GpuContext::new(&DeviceOptions::default()).unwrap();
-    // MAP_READ may only be combined with COPY_DST: a validation error, not an abort.
-    let r = ctx.scoped("a mappable storage buffer", || {
+    // A buffer mapped at creation must be a whole number of words: a validation error,
+    // not an abort.
+    let r = ctx.scoped("an unaligned mapped buffer", || {
         ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("bad usage"),
-            size: 256,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::STORAGE,
-            mapped_at_creation: false,
+            label: Some("bad size"),
+            size: 6,
+            usage: wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
         })
     });
-    let msg = r.expect_err("invalid usage must be reported").to_string();
-    assert!(msg.contains("a mappable storage buffer"), "{msg}");
+    let msg = r
+        .expect_err("an invalid buffer must be reported")
+        .to_string();
+    assert!(msg.contains("an unaligned mapped buffer"), "{msg}");
     // A buffer past the device's size limit.
     let r = ctx.scoped("a huge buffer", || {
         ctx.device.create_buffer(&wgpu::BufferDescriptor {

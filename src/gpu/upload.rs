@@ -104,7 +104,7 @@ fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu::Buf
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        usage: weight_usage(ctx),
         mapped_at_creation: true,
     });
     {
@@ -117,6 +117,28 @@ fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu::Buf
     }
     buffer.unmap();
     Ok(buffer)
+}
+
+/// Usage of a weight buffer. With unified memory it is mappable, so the mapped range
+/// written at creation is the buffer itself; elsewhere wgpu stages the bytes and copies
+/// them at the next submission (see [`flush_uploads`]).
+fn weight_usage(ctx: &GpuContext) -> wgpu::BufferUsages {
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
+    if ctx.unified {
+        usage | wgpu::BufferUsages::MAP_WRITE
+    } else {
+        usage
+    }
+}
+
+/// Submits the staged uploads and waits for them, freeing their staging memory: called
+/// every few tens of MiB, so an upload never holds a second copy of the whole model.
+pub fn flush_uploads(ctx: &GpuContext) -> Result<()> {
+    ctx.queue.submit(std::iter::empty());
+    ctx.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| Error::gpu(format!("waiting for the weight upload: {e}")))?;
+    Ok(())
 }
 
 /// A storage buffer initialised from `data` (activations, small tables).

@@ -577,6 +577,10 @@ fn upload_weights(
     } else {
         indicatif::ProgressBar::hidden()
     };
+    // Staged bytes are freed once submitted and copied; flushing every so often keeps
+    // the upload's peak memory near the model's size.
+    const FLUSH_BYTES: u64 = 64 << 20;
+    let mut staged = 0u64;
     let mut load = |name: &str| -> Result<GpuTensor> {
         let info = file
             .tensor(name)
@@ -585,6 +589,11 @@ fn upload_weights(
         // The upload copied the bytes; the map's pages need not stay resident.
         file.release(info);
         bar.inc(info.n_bytes);
+        staged += info.n_bytes;
+        if !ctx.unified && staged >= FLUSH_BYTES {
+            crate::gpu::upload::flush_uploads(ctx)?;
+            staged = 0;
+        }
         Ok(t)
     };
     let e = cfg.n_embd as u64;
