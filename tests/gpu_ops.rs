@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use wgllm::gguf::TensorInfo;
 use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
-use wgllm::ops::attention::Attention;
+use wgllm::ops::attention::{Attention, Chunks};
 use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns};
 use wgllm::ops::rope::{Rope, RopeMode};
@@ -338,27 +338,41 @@ fn attention_gqa_window_batches() {
             let step = StepInfo::new(pos, toks);
             let sb = step_buffer(ctx, &step);
             let words = |w: &[u32]| -> Vec<f32> { w.iter().map(|&x| f32::from_bits(x)).collect() };
-            let (kb, vb) = (
-                buffer_with_guard(ctx, &words(&kc0), 0),
-                buffer_with_guard(ctx, &words(&vc0), 0),
-            );
             let (knb, vnb) = (
                 buffer_with_guard(ctx, k_new, 0),
                 buffer_with_guard(ctx, v_new, 0),
             );
             let qb = buffer_with_guard(ctx, &q, 0);
-            let probs = buffer_with_guard(ctx, &vec![0.0; (nh * toks) as usize * n_kv], 16);
-            let ob = buffer_with_guard(ctx, &vec![0.0; q.len()], 16);
-            let mut d = vec![kv_store::gpu(ctx, &sb, &knb, &vnb, &kb, &vb, kv_dim, n_ctx).unwrap()];
-            d.extend(attn.gpu(ctx, &sb, &qb, &kb, &vb, &probs, &ob).unwrap());
-            run(ctx, &d, &step);
-            let got = read_checked(ctx, &ob, q.len(), 16);
-            let e = nmse(&got, &want);
-            assert!(
-                e < 1e-10,
-                "attention hd={hd} nh={nh}/{nkv} w={window} pos={pos} x{toks} on {}: {e:e}",
-                label(ctx)
-            );
+            // The whole batch in one chunk, and in chunks of 3 tokens (the last partly
+            // filled, and one recorded past the batch's end).
+            let threes = Chunks {
+                tokens: 3,
+                count: toks.div_ceil(3) + 1,
+            };
+            for chunks in [Chunks::one(toks), threes] {
+                let probs_len = (nh * chunks.tokens) as usize * n_kv;
+                let probs = buffer_with_guard(ctx, &vec![0.0; probs_len], 16);
+                let ob = buffer_with_guard(ctx, &vec![0.0; q.len()], 16);
+                let (kb, vb) = (
+                    buffer_with_guard(ctx, &words(&kc0), 0),
+                    buffer_with_guard(ctx, &words(&vc0), 0),
+                );
+                let mut d =
+                    vec![kv_store::gpu(ctx, &sb, &knb, &vnb, &kb, &vb, kv_dim, n_ctx).unwrap()];
+                d.extend(
+                    attn.gpu(ctx, &sb, &qb, &kb, &vb, &probs, &ob, chunks)
+                        .unwrap(),
+                );
+                run(ctx, &d, &step);
+                let got = read_checked(ctx, &ob, q.len(), 16);
+                let e = nmse(&got, &want);
+                assert!(
+                    e < 1e-10,
+                    "attention hd={hd} nh={nh}/{nkv} w={window} pos={pos} x{toks} {chunks:?} \
+                     on {}: {e:e}",
+                    label(ctx)
+                );
+            }
         }
     }
 }

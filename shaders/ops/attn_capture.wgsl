@@ -1,13 +1,14 @@
 // Keep one layer's attention probabilities of the batch's last token, for tools that
-// show where the model looked: capture[h, j] = probs[j, n_tokens - 1, h].
+// show where the model looked: capture[h, j] = probs[j, n_tokens - 1, h]. The probs
+// hold the batch's last chunk of tn tokens, chunks starting at multiples of tn.
 //
-// probs: [n_kv, n_tokens, n_head]; capture: [n_ctx, n_head] (this layer's slice)
+// probs: [n_kv, tn, n_head]; capture: [n_ctx, n_head] (this layer's slice)
 
 struct Params {
     n_head: u32,
     n_ctx: u32,
     offset: u32, // first float of this layer's slice in `capture`
-    _pad: u32,
+    tn: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -26,7 +27,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var v = 0.0;
     if (j < step.n_kv) {
-        v = probs[(h * step.n_tokens + step.n_tokens - 1u) * step.n_kv + j];
+        v = probs[(h * p.tn + (step.n_tokens - 1u) % p.tn) * step.n_kv + j];
     }
     capture[p.offset + h * p.n_ctx + j] = v;
 }

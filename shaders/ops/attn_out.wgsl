@@ -1,7 +1,8 @@
 // Attention output: o[d, h, t] = sum_j probs[j, t, h] * v[d, h / group, j], one invocation
-// per (d, token, head). Keys after the query's position have probability 0 and are skipped.
+// per (d, token, head), for the chunk of tokens t0 .. t0 + tn. Keys after the query's
+// position have probability 0 and are skipped.
 //
-// probs: [n_kv, n_tokens, n_head]; v_cache: [stride, head_dim * n_head_kv] f16, two
+// probs: [n_kv, tn, n_head] (row t - t0); v_cache: [stride, head_dim * n_head_kv] f16, two
 // halves per u32 (transposed, stride = n_ctx rounded up to even, as kv_store writes it)
 // out: [head_dim, n_head, n_tokens] f32
 
@@ -10,6 +11,10 @@ struct Params {
     n_head: u32,
     n_head_kv: u32,
     stride: u32,
+    t0: u32,
+    tn: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -23,13 +28,13 @@ override WG: u32 = 64u;
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let d = gid.x;
-    let t = gid.y;
+    let t = p.t0 + gid.y;
     let h = gid.z;
     if (d >= p.head_dim || t >= step.n_tokens) {
         return;
     }
     let hkv = h / (p.n_head / p.n_head_kv);
-    let pb = (h * step.n_tokens + t) * step.n_kv;
+    let pb = (h * p.tn + gid.y) * step.n_kv;
     let vb = (hkv * p.head_dim + d) * p.stride / 2u;
     let n = min(step.pos + t + 1u, step.n_kv);
     var s = 0.0;

@@ -1,13 +1,13 @@
-// Row-wise softmax in place over the attention scores, one workgroup per (token, head) row.
-// Masked entries hold -1e30 and come out as 0.
+// Row-wise softmax in place over the attention scores, one workgroup per (token, head) row
+// of a chunk of tokens t0 .. t0 + tn. Masked entries hold -1e30 and come out as 0.
 //
-// scores: [n_kv, n_tokens, n_head] f32
+// scores: [n_kv, tn, n_head] f32
 
 struct Params {
     n_head: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    t0: u32,
+    tn: u32,
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -21,11 +21,11 @@ var<workgroup> partial: array<f32, WG>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let t = wid.x;
     let h = wid.y;
-    if (t >= step.n_tokens || h >= p.n_head) {
+    if (p.t0 + t >= step.n_tokens || h >= p.n_head) {
         return;
     }
     let n = step.n_kv;
-    let base = (h * step.n_tokens + t) * n;
+    let base = (h * p.tn + t) * n;
     var m = -3.0e38;
     for (var j = li; j < n; j += WG) {
         m = max(m, scores[base + j]);

@@ -11,12 +11,15 @@ use crate::gguf::GgufFile;
 use crate::gpu::readback::Readback;
 use crate::gpu::upload::storage;
 use crate::gpu::{GpuContext, GpuTensor};
-use crate::ops::attention::Attention;
+use crate::ops::attention::{Attention, Chunks};
 use crate::ops::glu::Activation;
 use crate::ops::mul_mat::Columns;
 use crate::ops::rope::Rope;
 use crate::ops::{self, Dispatch, StepInfo};
 use crate::{Error, Result};
+
+/// The most bytes of attention probabilities a batch keeps at once (see [`Chunks`]).
+const PROBS_BUDGET: u64 = 16 << 20;
 
 /// Records the graph's ops as bound kernels.
 struct Recorder<'a> {
@@ -25,6 +28,7 @@ struct Recorder<'a> {
     ids: &'a wgpu::Buffer,
     kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
     probs: &'a wgpu::Buffer,
+    chunks: Chunks,
     /// When set, each layer's last-token attention is kept here ([n_ctx, n_head, n_layer]).
     capture: Option<&'a wgpu::Buffer>,
     n_head: u32,
@@ -91,7 +95,7 @@ impl Ops for Recorder<'_> {
             .ok_or_else(|| Error::model(format!("no KV cache for layer {il}")))?;
         let store = ops::kv_store::gpu(self.ctx, self.step, k, v, kc, vc, self.kv_dim, self.n_ctx)?;
         self.plan.push(store);
-        let d = attn.gpu(self.ctx, self.step, q, kc, vc, self.probs, out)?;
+        let d = attn.gpu(self.ctx, self.step, q, kc, vc, self.probs, out, self.chunks)?;
         self.plan.extend(d);
         if let Some(cap) = self.capture {
             let offset = il as u32 * self.n_head * self.n_ctx;
@@ -103,6 +107,7 @@ impl Ops for Recorder<'_> {
                 self.n_head,
                 self.n_ctx,
                 offset,
+                self.chunks,
             )?;
             self.plan.push(c);
         }
@@ -169,6 +174,8 @@ pub struct GpuModel {
     pub(crate) scratch: Scratch<wgpu::Buffer>,
     pub(crate) kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
     pub(crate) probs: wgpu::Buffer,
+    /// How a batch's attention is cut to fit `probs`.
+    pub(crate) chunks: Chunks,
     /// Last-token attention of every layer, when asked for at load.
     pub(crate) capture: Option<wgpu::Buffer>,
     /// Embedding and layers.
@@ -267,11 +274,24 @@ impl GpuModel {
         }
         let weights = upload_weights(&ctx, file, &cfg, &layers, opts.head, opts.progress)?;
         let max_binding = ctx.max_binding();
-        // The attention probabilities of a whole batch must fit one binding.
+        // Attention runs in chunks of a batch whose probabilities fit a modest scratch
+        // (and one binding); one token's must fit.
         let probs_per_token = act_bytes(cfg.n_head, n_ctx);
-        let max_batch = (max_binding / probs_per_token.max(1))
+        if probs_per_token > max_binding {
+            return Err(Error::gpu(format!(
+                "one token's attention over a context of {n_ctx} needs {probs_per_token} \
+                 bytes, over the device's {max_binding} byte binding limit; lower -c"
+            )));
+        }
+        // Every activation of a batch must fit one binding too.
+        let widest = [cfg.n_embd, cfg.n_ff, cfg.q_dim(), cfg.kv_dim()]
+            .into_iter()
+            .max()
+            .unwrap_or(1);
+        let max_batch = (max_binding / act_bytes(widest, 1).max(1))
             .min(n_batch as u64)
             .max(1) as u32;
+        let chunks = Chunks::new(cfg.n_head, n_ctx, max_batch, PROBS_BUDGET.min(max_binding));
         let c = &cfg;
         let a = |name: &str, per_token: u32| storage(&ctx, name, act_bytes(per_token, max_batch));
         let scratch = Scratch {
@@ -301,7 +321,7 @@ impl GpuModel {
                 storage(&ctx, &format!("v_cache.{il}"), bytes)?,
             ));
         }
-        let probs = storage(&ctx, "attn_probs", probs_per_token * max_batch as u64)?;
+        let probs = storage(&ctx, "attn_probs", chunks.probs_bytes(cfg.n_head, n_ctx))?;
         let step = ops::uniform(&ctx, "step", &StepInfo::default());
         let ids = storage(&ctx, "ids", max_batch as u64 * 4)?;
         let logits_last = storage(&ctx, "logits", act_bytes(c.n_vocab, 1))?;
@@ -329,6 +349,7 @@ impl GpuModel {
             scratch,
             kv,
             probs,
+            chunks,
             capture,
             readback,
             layers,
@@ -361,6 +382,7 @@ impl GpuModel {
             ids: &self.ids,
             kv: &self.kv,
             probs: &self.probs,
+            chunks: self.chunks,
             capture: self.capture.as_ref(),
             n_head: self.cfg.n_head,
             kv_dim: self.cfg.kv_dim(),

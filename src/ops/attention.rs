@@ -3,7 +3,7 @@
 //! (`softmax.wgsl`) and the weighted sum of values (`attn_out.wgsl`). The probabilities
 //! stay in their buffer after the step, so tools can show where the model looked.
 
-use super::{dispatch, groups, op_pipeline, Dispatch, WG};
+use super::{dispatch, groups, op_pipeline, Dispatch, StepInfo, WG};
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
 
@@ -27,14 +27,18 @@ struct ScoreParams {
     n_head_kv: u32,
     window: u32,
     scale: f32,
-    _pad: [u32; 3],
+    t0: u32,
+    tn: u32,
+    _pad: u32,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 struct SoftmaxParams {
     n_head: u32,
-    _pad: [u32; 3],
+    t0: u32,
+    tn: u32,
+    _pad: u32,
 }
 
 #[repr(C)]
@@ -45,6 +49,47 @@ struct OutParams {
     n_head_kv: u32,
     /// Halves per row of the transposed V cache.
     stride: u32,
+    t0: u32,
+    tn: u32,
+    _pad: [u32; 2],
+}
+
+/// How a batch's attention is cut into chunks of tokens, each chunk's probabilities
+/// ([n_kv, tokens, n_head]) written, normalised and used before the next's: the scratch
+/// holds one chunk, not the batch (a batch of 512 at a context of 4096 would need
+/// 8 MiB per head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Chunks {
+    /// Tokens per chunk.
+    pub tokens: u32,
+    /// Chunks recorded: enough for the largest batch.
+    pub count: u32,
+}
+
+impl Chunks {
+    /// Chunks for batches of up to `max_batch` tokens whose probabilities for a context
+    /// of `n_ctx` take at most `budget` bytes (and at least one token's).
+    pub fn new(n_head: u32, n_ctx: u32, max_batch: u32, budget: u64) -> Chunks {
+        let per_token = (n_head as u64 * n_ctx as u64 * 4).max(1);
+        let tokens = (budget / per_token).clamp(1, max_batch.max(1) as u64) as u32;
+        Chunks {
+            tokens,
+            count: max_batch.max(1).div_ceil(tokens),
+        }
+    }
+
+    /// The whole batch of `n_tokens` in one chunk.
+    pub fn one(n_tokens: u32) -> Chunks {
+        Chunks {
+            tokens: n_tokens.max(1),
+            count: 1,
+        }
+    }
+
+    /// Bytes of the probabilities scratch for a context of `n_ctx`.
+    pub fn probs_bytes(&self, n_head: u32, n_ctx: u32) -> u64 {
+        n_head as u64 * n_ctx as u64 * self.tokens as u64 * 4
+    }
 }
 
 impl Attention {
@@ -60,7 +105,8 @@ impl Attention {
     }
 
     /// q: [head_dim, n_head, n_tokens]; caches as `kv_store` writes them;
-    /// probs: [n_kv, n_tokens, n_head] scratch; out: [head_dim, n_head, n_tokens].
+    /// probs: [n_kv, chunks.tokens, n_head] scratch; out: [head_dim, n_head, n_tokens].
+    /// Three dispatches per chunk; chunks past a step's batch dispatch nothing.
     #[allow(clippy::too_many_arguments)]
     pub fn gpu(
         &self,
@@ -71,16 +117,40 @@ impl Attention {
         v_cache: &wgpu::Buffer,
         probs: &wgpu::Buffer,
         out: &wgpu::Buffer,
+        chunks: Chunks,
     ) -> Result<Vec<Dispatch>> {
         self.check()?;
+        let mut d = Vec::new();
+        for c in 0..chunks.count {
+            d.extend(self.gpu_chunk(ctx, step, [q, k_cache, v_cache, probs, out], c, chunks)?);
+        }
+        Ok(d)
+    }
+
+    /// The dispatches of chunk `c` (tokens c * tokens ..): buffers as in [`Self::gpu`].
+    fn gpu_chunk(
+        &self,
+        ctx: &GpuContext,
+        step: &wgpu::Buffer,
+        [q, k_cache, v_cache, probs, out]: [&wgpu::Buffer; 5],
+        c: u32,
+        chunks: Chunks,
+    ) -> Result<[Dispatch; 3]> {
         let n_head = self.n_head;
+        let (t0, tn) = (c * chunks.tokens, chunks.tokens);
+        // The chunk's tokens in this step's batch; none past its end. The grid never
+        // exceeds the chunk, so the kernels check only the batch's end (on llvmpipe a
+        // second bound check made the scores kernel 30x slower).
+        let rows = move |s: &StepInfo| s.n_tokens.saturating_sub(t0).min(tn);
         let sp = ScoreParams {
             head_dim: self.head_dim,
             n_head,
             n_head_kv: self.n_head_kv,
             window: self.window,
             scale: self.scale,
-            _pad: [0; 3],
+            t0,
+            tn,
+            _pad: 0,
         };
         let scores = dispatch(
             ctx,
@@ -89,7 +159,7 @@ impl Attention {
             step,
             &sp,
             &[q, k_cache, probs],
-            move |s| [groups(s.n_kv, WG), s.n_tokens, n_head],
+            move |s| [groups(s.n_kv, WG), rows(s), n_head],
         )?;
         let softmax = dispatch(
             ctx,
@@ -98,16 +168,21 @@ impl Attention {
             step,
             &SoftmaxParams {
                 n_head,
-                _pad: [0; 3],
+                t0,
+                tn,
+                _pad: 0,
             },
             &[probs],
-            move |s| [s.n_tokens, n_head, 1],
+            move |s| [rows(s), n_head, 1],
         )?;
         let op = OutParams {
             head_dim: self.head_dim,
             n_head,
             n_head_kv: self.n_head_kv,
             stride: super::kv_store::v_stride(self.n_ctx),
+            t0,
+            tn,
+            _pad: [0; 2],
         };
         let hd = self.head_dim;
         let weighted = dispatch(
@@ -117,9 +192,9 @@ impl Attention {
             step,
             &op,
             &[probs, v_cache, out],
-            move |s| [groups(hd, WG), s.n_tokens, n_head],
+            move |s| [groups(hd, WG), rows(s), n_head],
         )?;
-        Ok(vec![scores, softmax, weighted])
+        Ok([scores, softmax, weighted])
     }
 
     /// CPU reference over f32 caches in the GPU's order (k: [head_dim, n_head_kv, n_ctx],
@@ -179,11 +254,12 @@ struct CaptureParams {
     n_head: u32,
     n_ctx: u32,
     offset: u32,
-    _pad: u32,
+    tn: u32,
 }
 
 /// Copy the last token's probabilities of one layer into `capture` ([n_ctx, n_head] at
-/// float `offset`), zero past the cached positions.
+/// float `offset`), zero past the cached positions; `probs` as [`Attention::gpu`] with
+/// `chunks` left it.
 pub fn capture_gpu(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
@@ -192,12 +268,13 @@ pub fn capture_gpu(
     n_head: u32,
     n_ctx: u32,
     offset: u32,
+    chunks: Chunks,
 ) -> Result<Dispatch> {
     let p = CaptureParams {
         n_head,
         n_ctx,
         offset,
-        _pad: 0,
+        tn: chunks.tokens,
     };
     dispatch(
         ctx,
