@@ -260,6 +260,7 @@ struct CaptureParams {
 /// Copy the last token's probabilities of one layer into `capture` ([n_ctx, n_head] at
 /// float `offset`), zero past the cached positions; `probs` as [`Attention::gpu`] with
 /// `chunks` left it.
+#[allow(clippy::too_many_arguments)]
 pub fn capture_gpu(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
