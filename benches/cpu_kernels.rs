@@ -42,11 +42,14 @@ fn main() {
         return;
     }
     let pool = Pool::new(threads);
-    // `avx2` or `scalar` on the command line picks a lesser instruction set.
+    // `avx2`, `neon` (NEON without `sdot`) or `scalar` on the command line picks a
+    // lesser instruction set.
     let isa = if std::env::args().any(|a| a == "scalar") {
         Isa::Scalar
     } else if std::env::args().any(|a| a == "avx2") {
         Isa::Avx2
+    } else if std::env::args().any(|a| a == "neon") {
+        Isa::Neon
     } else {
         Isa::detect()
     };

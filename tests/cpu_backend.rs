@@ -26,10 +26,27 @@ use wgllm::quant::{self, GgmlType};
 const WEIGHT_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
 
 fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni]
-        .into_iter()
-        .filter(|i| i.available())
-        .collect()
+    [
+        Isa::Scalar,
+        Isa::Avx2,
+        Isa::Avx512Vnni,
+        Isa::Neon,
+        Isa::NeonDot,
+    ]
+    .into_iter()
+    .filter(|i| i.available())
+    .collect()
+}
+
+/// With `WGLLM_EXPECT_ISA` set (tools/test-aarch64 sets it per emulated CPU), the
+/// detected instruction set must be the one named: a CPU model without an expected
+/// feature would otherwise leave that feature's kernels silently untested.
+#[test]
+fn detected_isa_is_the_expected_one() {
+    let Ok(want) = std::env::var("WGLLM_EXPECT_ISA") else {
+        return;
+    };
+    assert_eq!(format!("{:?}", Isa::detect()), want);
 }
 
 fn quantized(ty: GgmlType, x: &[f32]) -> Vec<u8> {
@@ -88,6 +105,12 @@ fn dot_kernels_agree_with_scalar_and_reference() {
                     assert!(
                         err < 1e-5,
                         "{ty} n={n} {isa:?}: {got} vs scalar {scalar} (err {err:.2e})"
+                    );
+                    // The NEON integer kernels keep the scalar kernel's float steps.
+                    let exact = matches!(isa, Isa::Neon | Isa::NeonDot) && at != ActType::F32;
+                    assert!(
+                        !exact || got == scalar,
+                        "{ty} n={n} {isa:?}: {got} differs from scalar {scalar}"
                     );
                 }
             }
@@ -457,7 +480,7 @@ fn smollm2_batched_prompt_equals_token_by_token() {
 
 #[test]
 fn smollm2_scalar_and_simd_agree() {
-    if !Isa::Avx2.available() {
+    if Isa::detect() == Isa::Scalar {
         return;
     }
     let mut m = load_cpu("SmolLM2-135M-Instruct.Q4_1.gguf", 2);

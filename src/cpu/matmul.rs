@@ -128,7 +128,7 @@ thread_local! {
 #[cfg(target_arch = "x86_64")]
 pub fn tile_kernel(ty: GgmlType, isa: Isa) -> Option<TileFn> {
     let flavor = match isa {
-        Isa::Scalar => return None,
+        Isa::Scalar | Isa::Neon | Isa::NeonDot => return None,
         Isa::Avx2 => Flavor::Avx2,
         Isa::Avx512Vnni => Flavor::Vnni,
     };

@@ -1,8 +1,11 @@
 //! Dot products of one weight row (blocks read in place from the file map) with one
 //! activation row quantized by [`super::act`], per weight type and instruction set.
 //!
-//! [`scalar`] is the portable path and the oracle for the SIMD kernels; [`avx2`] is
-//! chosen at run time when the CPU has AVX2, FMA and F16C.
+//! [`scalar`] is the portable path and the oracle for the SIMD kernels. The SIMD ones
+//! are chosen at run time by [`Isa::detect`]: on x86_64 `avx2` when the CPU has AVX2,
+//! FMA and F16C (AVX-512 VNNI adds tile kernels, not row dots); on little-endian aarch64
+//! `neon`, on the `sdot` dot-product instructions where the CPU has them and on plain
+//! NEON otherwise. Q2_K and Q3_K use the scalar kernels everywhere.
 
 use super::act::ActType;
 use crate::quant::GgmlType;
@@ -10,6 +13,8 @@ use crate::{Error, Result};
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+pub mod neon;
 pub mod scalar;
 
 /// A row dot product: `w` holds whole weight blocks, `a` the activation blocks of the
@@ -25,12 +30,19 @@ pub enum Isa {
     /// AVX2 plus AVX-512 VNNI (with VL and BW): the tile kernels use `vpdpbusd` and
     /// 32 vector registers; row dots are the AVX2 ones.
     Avx512Vnni,
+    /// aarch64 NEON without the dot-product extension (Armv8.0 cores such as the
+    /// Cortex-A53/A72): integer dots by widening multiplies.
+    Neon,
+    /// aarch64 NEON with the dot-product extension (`sdot`, Armv8.2 and later). Kept
+    /// apart from [`Isa::Neon`] so that both kernel sets can run, and be tested, on one
+    /// CPU that has it.
+    NeonDot,
 }
 
 impl Isa {
     /// The best instruction set this CPU runs.
     pub fn detect() -> Isa {
-        [Isa::Avx512Vnni, Isa::Avx2]
+        [Isa::Avx512Vnni, Isa::Avx2, Isa::NeonDot, Isa::Neon]
             .into_iter()
             .find(|i| i.available())
             .unwrap_or(Isa::Scalar)
@@ -42,6 +54,8 @@ impl Isa {
             Isa::Scalar => true,
             Isa::Avx2 => avx2_available(),
             Isa::Avx512Vnni => vnni_available(),
+            Isa::Neon => neon_available(),
+            Isa::NeonDot => neon_available() && dotprod_available(),
         }
     }
 }
@@ -72,6 +86,28 @@ fn vnni_available() -> bool {
     false
 }
 
+// Big-endian aarch64 has no NEON kernels: they read the blocks' little-endian fields
+// by reinterpreting byte vectors.
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+fn neon_available() -> bool {
+    std::arch::is_aarch64_feature_detected!("neon")
+}
+
+#[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+fn dotprod_available() -> bool {
+    std::arch::is_aarch64_feature_detected!("dotprod")
+}
+
+#[cfg(not(all(target_arch = "aarch64", target_endian = "little")))]
+fn neon_available() -> bool {
+    false
+}
+
+#[cfg(not(all(target_arch = "aarch64", target_endian = "little")))]
+fn dotprod_available() -> bool {
+    false
+}
+
 /// The dot product for weights of `ty` on `isa`. Types without a kernel for `isa` get
 /// the scalar one; asking for an instruction set the CPU lacks is an error.
 pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotFn> {
@@ -81,11 +117,16 @@ pub fn kernel(ty: GgmlType, isa: Isa) -> Result<DotFn> {
             "{isa:?} kernels on a CPU without the instructions"
         )));
     }
-    #[cfg(target_arch = "x86_64")]
-    if isa != Isa::Scalar {
-        if let Some(f) = avx2::kernel(ty) {
-            return Ok(f);
-        }
+    let simd = match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 | Isa::Avx512Vnni => avx2::kernel(ty),
+        #[cfg(all(target_arch = "aarch64", target_endian = "little"))]
+        Isa::Neon | Isa::NeonDot => neon::kernel(ty, isa == Isa::NeonDot),
+        // The rest are scalar, or not available on this architecture (refused above).
+        _ => None,
+    };
+    match simd {
+        Some(f) => Ok(f),
+        None => scalar::kernel(ty),
     }
-    scalar::kernel(ty)
 }
