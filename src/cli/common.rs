@@ -92,48 +92,91 @@ pub fn open(path: &std::path::Path) -> Result<GgufFile> {
 
 /// Open the file, build the tokenizer and upload the model.
 pub fn load(args: &ModelArgs, progress: bool) -> Result<Loaded> {
-    let t0 = Instant::now();
-    let file = open(&args.model)?;
-    let config = Config::from_metadata(file.metadata())?;
-    let tokenizer = Tokenizer::from_gguf(file.metadata())?;
-    let n_ctx = match args.ctx {
-        Some(0) | None => config.n_ctx_train.min(4096),
-        Some(c) => {
-            if c > config.n_ctx_train {
-                eprintln!(
-                    "warning: context {c} is larger than the model's trained context {}; \
-                     quality may degrade past it",
-                    config.n_ctx_train
-                );
-            }
-            c
-        }
-    };
-    if args.batch == 0 {
-        return Err(Error::invalid("--batch-size must be at least 1"));
+    Opened::new(args)?.load(args, progress, None)
+}
+
+/// A model file opened and its tokenizer built, before the weights are uploaded: what a
+/// command needs to size the context from its prompt.
+pub struct Opened {
+    file: GgufFile,
+    pub config: Config,
+    pub tokenizer: Tokenizer,
+    t0: Instant,
+}
+
+/// Contexts sized from a request are rounded up to this many positions.
+const CTX_STEP: usize = 256;
+
+impl Opened {
+    pub fn new(args: &ModelArgs) -> Result<Opened> {
+        let t0 = Instant::now();
+        let file = open(&args.model)?;
+        let config = Config::from_metadata(file.metadata())?;
+        let tokenizer = Tokenizer::from_gguf(file.metadata())?;
+        Ok(Opened {
+            file,
+            config,
+            tokenizer,
+            t0,
+        })
     }
-    let opts = EngineOptions {
-        n_ctx,
-        n_batch: args.batch,
-        gpu_layers: args.gpu_layers,
-        threads: args.threads,
-        device: DeviceOptions {
-            device: args.device.clone(),
-            ..Default::default()
-        },
-        progress,
-        capture_attention: false,
-    };
-    let engine = load_or_offload(Arc::new(file), &config, opts)?;
-    let device = describe(&config, args.gpu_layers);
-    let session = Session::new(engine, args.batch);
-    Ok(Loaded {
-        session,
-        tokenizer,
-        config,
-        load_ms: t0.elapsed().as_secs_f64() * 1000.0,
-        device,
-    })
+
+    /// Uploads the model. The context is `-c`; without it, `need` positions (rounded up,
+    /// as llama.cpp's simple example sizes its context to the request) where the caller
+    /// knows them, else the trained context up to 4096. The KV cache is allocated whole,
+    /// so a context larger than the request only costs memory.
+    pub fn load(self, args: &ModelArgs, progress: bool, need: Option<usize>) -> Result<Loaded> {
+        let Opened {
+            file,
+            config,
+            tokenizer,
+            t0,
+        } = self;
+        let default = config.n_ctx_train.min(4096);
+        let n_ctx = match args.ctx {
+            Some(0) | None => match need {
+                Some(n) => u32::try_from(n.next_multiple_of(CTX_STEP))
+                    .unwrap_or(u32::MAX)
+                    .min(default),
+                None => default,
+            },
+            Some(c) => {
+                if c > config.n_ctx_train {
+                    eprintln!(
+                        "warning: context {c} is larger than the model's trained context {}; \
+                         quality may degrade past it",
+                        config.n_ctx_train
+                    );
+                }
+                c
+            }
+        };
+        if args.batch == 0 {
+            return Err(Error::invalid("--batch-size must be at least 1"));
+        }
+        let opts = EngineOptions {
+            n_ctx,
+            n_batch: args.batch,
+            gpu_layers: args.gpu_layers,
+            threads: args.threads,
+            device: DeviceOptions {
+                device: args.device.clone(),
+                ..Default::default()
+            },
+            progress,
+            capture_attention: false,
+        };
+        let engine = load_or_offload(Arc::new(file), &config, opts)?;
+        let device = describe(&config, args.gpu_layers);
+        let session = Session::new(engine, args.batch);
+        Ok(Loaded {
+            session,
+            tokenizer,
+            config,
+            load_ms: t0.elapsed().as_secs_f64() * 1000.0,
+            device,
+        })
+    }
 }
 
 /// Text from `-p`, or the contents of `-f` (exact bytes, must be UTF-8).

@@ -10,7 +10,7 @@ use wgllm::sampling::Sampler;
 use wgllm::tokenizer::StreamDecoder;
 use wgllm::{Error, Result};
 
-use super::common::{load, prompt_text, ModelArgs, SamplingArgs};
+use super::common::{prompt_text, ModelArgs, Opened, SamplingArgs};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -53,8 +53,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         )));
     }
     let stop = interrupt_flag();
-    let mut m = load(&a.model, !a.quiet && !a.json)?;
-    let tok = &m.tokenizer;
+    let opened = Opened::new(&a.model)?;
+    let tok = &opened.tokenizer;
     let mut prompt = tok.encode(&text, true, true)?;
     if prompt.is_empty() {
         // Nothing to condition on: start from BOS as llama.cpp does for an empty prompt.
@@ -63,6 +63,12 @@ pub fn run(a: RunArgs) -> Result<()> {
         })?;
         prompt.push(bos);
     }
+    // A bounded request needs the prompt and its tokens only (and one position to spare).
+    let need = usize::try_from(a.n_predict)
+        .ok()
+        .map(|n| prompt.len().saturating_add(n).saturating_add(1));
+    let mut m = opened.load(&a.model, !a.quiet && !a.json, need)?;
+    let tok = &m.tokenizer;
     let n_ctx = m.session.n_ctx() as usize;
     if prompt.len() >= n_ctx {
         return Err(Error::invalid(format!(

@@ -169,17 +169,23 @@ impl GgufFile {
     /// memory. The map is read-only and file-backed: a later read just faults the pages
     /// back in from the file. A no-op for owned bytes and where the hint is refused.
     pub fn release(&self, t: &TensorInfo) {
+        self.release_bytes(self.tensor_data(t));
+    }
+
+    /// [`Self::release`] for part of the map: `bytes` must be a slice of it (others are
+    /// ignored). Whole pages only, so data of neighbouring tensors stays resident.
+    pub fn release_bytes(&self, bytes: &[u8]) {
         let Storage::Mapped(map) = &self.storage else {
             return;
         };
         let page = 4096usize;
-        let (Ok(start), Ok(len)) = (usize::try_from(t.offset), usize::try_from(t.n_bytes)) else {
-            return;
-        };
         let base = map.as_ptr() as usize;
-        // Whole pages only, so data of neighbouring tensors stays resident.
+        let start = (bytes.as_ptr() as usize).wrapping_sub(base);
+        if start > map.len() || bytes.len() > map.len() - start {
+            return;
+        }
         let first = (base + start).next_multiple_of(page) - base;
-        let end = ((base + start + len.min(map.len() - start.min(map.len()))) / page) * page - base;
+        let end = ((base + start + bytes.len()) / page) * page - base;
         if end > first {
             // SAFETY: DontNeed on a private read-only file mapping discards pages that
             // are re-read from the file on access; no reference observes a change.

@@ -43,6 +43,18 @@ impl GpuTensor {
 
     /// Upload `data` (the tensor's bytes, borrowed from the file map) described by `info`.
     pub fn upload(ctx: &GpuContext, info: &TensorInfo, data: &[u8]) -> Result<GpuTensor> {
+        Self::upload_with(ctx, info, data, &mut |_| {})
+    }
+
+    /// [`Self::upload`], calling `copied` with each run of `data` once it is in device
+    /// memory (the caller can let the file map's pages go before the tensor is done: a
+    /// large tensor would otherwise be resident twice).
+    pub fn upload_with(
+        ctx: &GpuContext,
+        info: &TensorInfo,
+        data: &[u8],
+        copied: &mut dyn FnMut(&[u8]),
+    ) -> Result<GpuTensor> {
         let mut ne = [1u64; 4];
         for (i, d) in info.dims.iter().take(4).enumerate() {
             ne[i] = *d;
@@ -79,7 +91,7 @@ impl GpuTensor {
             let start = (row0 * row_bytes) as usize;
             let end = ((row0 + rows) * row_bytes) as usize;
             let buffer = ctx.scoped(&format!("uploading {}", info.name), || {
-                upload_bytes(ctx, &info.name, &data[start..end])
+                upload_bytes(ctx, &info.name, &data[start..end], copied)
             })??;
             parts.push(Part {
                 buffer,
@@ -98,8 +110,16 @@ impl GpuTensor {
     }
 }
 
+/// Bytes copied between calls of an upload's `copied`.
+const COPY_RUN: usize = 8 << 20;
+
 /// A storage buffer holding `bytes` (padded to a multiple of 4 with zeros).
-fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer> {
+fn upload_bytes(
+    ctx: &GpuContext,
+    label: &str,
+    bytes: &[u8],
+    copied: &mut dyn FnMut(&[u8]),
+) -> Result<wgpu::Buffer> {
     let size = (bytes.len() as u64).next_multiple_of(4).max(4);
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
@@ -113,7 +133,11 @@ fn upload_bytes(ctx: &GpuContext, label: &str, bytes: &[u8]) -> Result<wgpu::Buf
             .map_err(|e| Error::gpu(format!("mapping the buffer for {label}: {e}")))?;
         // The tail past the tensor (at most 3 bytes of padding) stays zero as mapped
         // buffers start zeroed.
-        view.slice(..bytes.len()).copy_from_slice(bytes);
+        for (i, src) in bytes.chunks(COPY_RUN).enumerate() {
+            let at = i * COPY_RUN;
+            view.slice(at..at + src.len()).copy_from_slice(src);
+            copied(src);
+        }
     }
     buffer.unmap();
     Ok(buffer)

@@ -607,8 +607,11 @@ fn upload_weights(
         let info = file
             .tensor(name)
             .ok_or_else(|| Error::model(format!("missing tensor {name}")))?;
-        let t = GpuTensor::upload(ctx, info, file.tensor_data(info))?;
-        // The upload copied the bytes; the map's pages need not stay resident.
+        // Copied bytes need not stay resident in the map: released run by run, a large
+        // tensor (a 178 MB embedding) is not held twice while it uploads.
+        let t = GpuTensor::upload_with(ctx, info, file.tensor_data(info), &mut |run| {
+            file.release_bytes(run)
+        })?;
         file.release(info);
         bar.inc(info.n_bytes);
         staged += info.n_bytes;
