@@ -136,6 +136,19 @@ fn a_context_past_the_trained_one_warns() {
     assert!(ids(&v, "tokens").len() <= 1);
 }
 
+/// Without -c, a bounded request gets the context it needs (prompt, tokens and one more,
+/// rounded up to 256; at most the 4096 default); -c wins when given.
+#[test]
+fn the_context_follows_the_request() {
+    let n_ctx = |args: &[&str]| json(&run(args))["n_ctx"].as_u64();
+    assert_eq!(n_ctx(&["-p", "Hi", "-n", "3", "--json"]), Some(256));
+    assert_eq!(n_ctx(&["-p", "Hi", "-n", "300", "--json"]), Some(512));
+    assert_eq!(
+        n_ctx(&["-p", "Hi", "-n", "1", "-c", "1000", "--json"]),
+        Some(1000)
+    );
+}
+
 #[test]
 fn ctrl_c_stops_generation_and_prints_the_stats() {
     let mut child = command(&["-p", "Once upon a time", "-n", "-1", "-c", "256"])

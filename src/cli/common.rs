@@ -19,7 +19,8 @@ pub struct ModelArgs {
     /// Path to a GGUF model file.
     #[arg(short = 'm', long = "model")]
     pub model: PathBuf,
-    /// Context size in tokens (default: 4096, at most the model's trained context).
+    /// Context size in tokens (default: 4096, at most the model's trained context; `run -n N`
+    /// sizes it to the prompt plus N, rounded up to 256).
     #[arg(short = 'c', long = "ctx-size")]
     pub ctx: Option<u32>,
     /// Batch size for prompt processing.

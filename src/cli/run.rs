@@ -127,6 +127,7 @@ pub fn run(a: RunArgs) -> Result<()> {
             "prompt_tokens": prompt,
             "tokens": out_ids,
             "text": text_out,
+            "n_ctx": n_ctx,
             "timings": {
                 "load_ms": m.load_ms,
                 "prompt_tokens_per_s": t.prompt_tps(),
