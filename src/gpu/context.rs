@@ -45,6 +45,8 @@ pub struct GpuContext {
     pub has_timestamps: bool,
     /// Storage buffers may be mapped for writing (device memory is host memory).
     pub unified: bool,
+    /// Kernel variants measured fastest on this adapter (`wgllm-bench kernels --save`).
+    pub tuned: super::tuning::Choices,
     pub pipelines: super::pipelines::PipelineCache,
     binding_cap: Option<u64>,
     lost: Arc<std::sync::atomic::AtomicBool>,
@@ -189,6 +191,7 @@ impl GpuContext {
                 eprintln!("error: GPU: {e}");
             }
         }));
+        let tuned = super::tuning::choices_for(&info);
         Ok(GpuContext {
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
@@ -201,6 +204,7 @@ impl GpuContext {
             has_subgroups,
             has_timestamps,
             unified,
+            tuned,
             pipelines: Default::default(),
             binding_cap: opts.max_binding,
             lost,

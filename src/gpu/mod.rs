@@ -1,11 +1,12 @@
-//! The wgpu runtime: device selection, the shader table, pipeline cache, weight upload
-//! and readback. Kernels themselves live in `crate::ops`.
+//! The wgpu runtime: device selection, the shader table, pipeline cache, weight upload,
+//! readback and the kernel choices measured per device ([`tuning`]). Kernels themselves live in `crate::ops`.
 
 pub mod context;
 pub mod pipelines;
 pub mod profile;
 pub mod readback;
 pub mod shaders;
+pub mod tuning;
 pub mod upload;
 
 pub use context::{AdapterSummary, DeviceOptions, GpuContext};

@@ -115,11 +115,12 @@ impl Variant {
 /// `wg`, `sg`).
 pub const VARIANT_ENV: &str = "WGLLM_MUL_MAT";
 
-/// The variant `mul_mat::gpu` uses on `ctx`: `WGLLM_MUL_MAT` if set, else
+/// The variant `mul_mat::gpu` uses for weights of `ty` on `ctx`: `WGLLM_MUL_MAT` if
+/// set, else the one measured fastest on this adapter ([`tuned_variant`]), else
 /// [`default_variant`].
-pub fn variant(ctx: &GpuContext) -> Result<Variant> {
+pub fn variant(ctx: &GpuContext, ty: GgmlType) -> Result<Variant> {
     let Ok(want) = std::env::var(VARIANT_ENV) else {
-        return Ok(default_variant(ctx));
+        return Ok(tuned_variant(ctx, ty).unwrap_or_else(|| default_variant(ctx)));
     };
     let v = Variant::parse(&want).ok_or_else(|| {
         let names: Vec<&str> = Variant::ALL.iter().map(|v| v.name()).collect();
@@ -135,6 +136,13 @@ pub fn variant(ctx: &GpuContext) -> Result<Variant> {
         )));
     }
     Ok(v)
+}
+
+/// The variant the tuning file ([`crate::gpu::tuning`]) recorded for `ty` on this
+/// adapter, if this build knows it and the device runs it.
+pub fn tuned_variant(ctx: &GpuContext, ty: GgmlType) -> Option<Variant> {
+    let name = ctx.tuned.mul_mat.get(ty.name())?;
+    Variant::parse(name).filter(|v| v.available(ctx))
 }
 
 /// The measured best per kind of device (docs/perf.md): CPU-hosted drivers run one
@@ -267,7 +275,7 @@ pub fn gpu(
     y: &wgpu::Buffer,
     cols: Columns,
 ) -> Result<Vec<Dispatch>> {
-    gpu_variant(ctx, variant(ctx)?, step, w, x, y, cols)
+    gpu_variant(ctx, variant(ctx, w.ty)?, step, w, x, y, cols)
 }
 
 /// [`gpu`] with an explicit variant (tests, benchmarks).

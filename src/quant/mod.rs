@@ -3,7 +3,7 @@
 
 /// GGML tensor types. The discriminant is the on-disk id (ggml.h `enum ggml_type`).
 #[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GgmlType {
     F32 = 0,
     F16 = 1,

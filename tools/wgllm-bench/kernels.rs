@@ -1,6 +1,8 @@
 //! `wgllm-bench kernels`: every mul_mat variant per weight type over matrix shapes of
 //! real models, checked against the CPU reference before it is timed.
 
+use std::collections::BTreeMap;
+
 use wgllm::gguf::TensorInfo;
 use wgllm::gpu::upload::{storage, storage_init};
 use wgllm::gpu::{GpuContext, GpuTensor};
@@ -84,6 +86,53 @@ pub struct Plan {
     pub max_weight_bytes: u64,
     pub warmup: usize,
     pub reps: usize,
+}
+
+/// Per weight type, the variant to run: among those correct in every case measured for
+/// the type, the one with the least geometric-mean time relative to the fastest of each
+/// (shape, batch); with it, how much slower the runner-up is (1.0 when alone). Variants
+/// missing a case of their type, or wrong in any, are not chosen.
+pub fn fastest(cases: &[Case]) -> BTreeMap<GgmlType, (Variant, f64)> {
+    let mut by_ty: BTreeMap<GgmlType, Vec<&Case>> = BTreeMap::new();
+    for c in cases {
+        by_ty.entry(c.ty).or_default().push(c);
+    }
+    let mut out = BTreeMap::new();
+    for (ty, cs) in by_ty {
+        let mut groups: BTreeMap<(String, u32), Vec<&Case>> = BTreeMap::new();
+        for c in &cs {
+            groups
+                .entry((c.shape.clone(), c.batch))
+                .or_default()
+                .push(c);
+        }
+        let mut variants: Vec<Variant> = cs.iter().map(|c| c.variant).collect();
+        variants.sort_by_key(|v| v.name());
+        variants.dedup();
+        let mut scored: Vec<(f64, Variant)> = variants
+            .into_iter()
+            .filter_map(|v| {
+                let mut log_sum = 0.0;
+                for g in groups.values() {
+                    let best = g
+                        .iter()
+                        .filter(|c| c.correct)
+                        .filter_map(|c| c.secs())
+                        .fold(f64::INFINITY, f64::min);
+                    let mine = g.iter().find(|c| c.variant == v)?;
+                    let t = mine.secs().filter(|_| mine.correct)?;
+                    log_sum += (t / best).ln();
+                }
+                Some(((log_sum / groups.len().max(1) as f64).exp(), v))
+            })
+            .collect();
+        scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+        if let Some(&(s0, v)) = scored.first() {
+            let next = scored.get(1).map_or(1.0, |&(s1, _)| s1 / s0);
+            out.insert(ty, (v, next));
+        }
+    }
+    out
 }
 
 /// Distinct random rows; the matrix repeats them (quantizing a 4 GB matrix would take
@@ -227,4 +276,54 @@ fn one(
         bytes: gw.n_bytes() + (shape.k + n) * batch as u64 * 4,
         flops: 2 * shape.k * n * batch as u64,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn case(ty: GgmlType, variant: Variant, shape: &str, batch: u32, ms: f64, ok: bool) -> Case {
+        Case {
+            op: "mul_mat",
+            ty,
+            variant,
+            shape: shape.into(),
+            k: 32,
+            n: 1,
+            n_full: 1,
+            batch,
+            correct: ok,
+            nmse: 0.0,
+            samples: Some(Samples {
+                secs: vec![ms / 1e3],
+                gpu_clock: false,
+            }),
+            bytes: 1,
+            flops: 1,
+        }
+    }
+
+    /// The fastest overall wins, a variant wrong anywhere never does, and each type is
+    /// chosen on its own cases.
+    #[test]
+    fn fastest_correct_variant_per_type() {
+        use GgmlType::{Q4_0, Q8_0};
+        use Variant::{Ks, Row, Wg};
+        let cases = [
+            case(Q4_0, Row, "a", 1, 2.0, true),
+            case(Q4_0, Wg, "a", 1, 1.0, true),
+            case(Q4_0, Ks, "a", 1, 0.5, false),
+            case(Q4_0, Row, "a", 16, 2.0, true),
+            case(Q4_0, Wg, "a", 16, 3.0, true),
+            case(Q4_0, Ks, "a", 16, 0.5, true),
+            case(Q8_0, Row, "a", 1, 1.0, true),
+            case(Q8_0, Wg, "a", 1, 4.0, true),
+        ];
+        let best = fastest(&cases);
+        // Q4_0: wg 1.0 / 3.0 against row 2.0 / 2.0 relative to the best correct
+        // (1.0, 0.5): wg sqrt(1 * 6) = 2.45, row sqrt(2 * 4) = 2.83.
+        assert_eq!(best[&Q4_0].0, Wg);
+        assert!((best[&Q4_0].1 - (8f64 / 6.0).sqrt()).abs() < 1e-9);
+        assert_eq!(best[&Q8_0], (Row, 4.0));
+    }
 }

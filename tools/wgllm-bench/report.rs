@@ -45,6 +45,10 @@ pub struct KernelArgs {
     /// Time with the host clock even when timestamp queries exist.
     #[arg(long)]
     host_clock: bool,
+    /// Record the fastest correct variant per type for this adapter in the tuning file
+    /// (see `wgllm::gpu::tuning`), which later loads on this adapter use.
+    #[arg(long)]
+    save: bool,
 }
 
 fn list<T>(s: &Option<String>, parse: impl Fn(&str) -> Result<T>) -> Result<Option<Vec<T>>> {
@@ -130,6 +134,30 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
         print!("{}", csv(&cases, peak_gbps));
     } else if a.compare {
         print!("{}", compare(&cases, &plan.variants));
+    }
+    if a.save {
+        save(&ctx, &kernels::fastest(&cases))?;
+    }
+    Ok(())
+}
+
+/// Merges this adapter's choices into the tuning file and says what it recorded.
+fn save(ctx: &wgllm::gpu::GpuContext, best: &BTreeMap<GgmlType, (Variant, f64)>) -> Result<()> {
+    use wgllm::gpu::tuning::{adapter_key, Tuning};
+    let mut t = Tuning::load().unwrap_or_else(|e| {
+        eprintln!("warning: replacing an unreadable tuning file: {e}");
+        Tuning::default()
+    });
+    let entry = t.adapters.entry(adapter_key(&ctx.info)).or_default();
+    for (ty, (v, _)) in best {
+        entry
+            .mul_mat
+            .insert(ty.name().to_string(), v.name().to_string());
+    }
+    let path = t.save()?;
+    eprintln!("saved to {} for {}:", path.display(), ctx.info.name);
+    for (ty, (v, slow)) in best {
+        eprintln!("  {ty}: {} (others {slow:.2}x slower or more)", v.name());
     }
     Ok(())
 }
