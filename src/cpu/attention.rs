@@ -218,6 +218,8 @@ impl Job<'_> {
             // SAFETY: `wide` is only true when the CPU has AVX2 and FMA (`wide_vectors`).
             return unsafe { self.run_avx2(it, s, o) };
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = self.wide;
         self.run_with::<{ cfg!(target_arch = "aarch64") }>(it, s, o)
     }
 
