@@ -422,6 +422,44 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// Block b's headers for R rows (at `w`, `rb` bytes apart), their weights asked for
+/// well ahead: weights stream from memory once per token, and the hardware prefetcher
+/// alone leaves the 4-bit kernels waiting on loads. (Plain loops, not closures, in this
+/// and the kernels: a closure would not inherit the caller's target features and the
+/// intrinsics in it would not be inlined.)
+#[inline(always)]
+unsafe fn headers<D: Decode, const R: usize>(w: *const u8, rb: usize, b: usize) -> [D::Hdr; R] {
+    let mut hdr = [D::ZERO; R];
+    for (r, h) in hdr.iter_mut().enumerate() {
+        *h = D::hdr(w.add(r * rb + b * D::BYTES));
+        // Wrapping: the address may lie past the row's end; a prefetch never faults.
+        let ahead = w.wrapping_add(r * rb + b * D::BYTES + PREFETCH);
+        _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+    }
+    hdr
+}
+
+/// `offs` (8 tokens from t0) plus group g's offset terms `off` (per half where the
+/// type has two) times the tokens' scaled sums.
+#[inline(always)]
+unsafe fn add_offsets<D: Decode>(
+    offs: __m256,
+    off: [f32; 2],
+    p: &Plan,
+    g: usize,
+    t0: usize,
+) -> __m256 {
+    if D::HALVES {
+        let s0 = _mm256_loadu_ps(p.s16.as_ptr().add(2 * g * p.stride + t0));
+        let s1 = _mm256_loadu_ps(p.s16.as_ptr().add((2 * g + 1) * p.stride + t0));
+        let o = _mm256_fmadd_ps(_mm256_set1_ps(off[0]), s0, offs);
+        _mm256_fmadd_ps(_mm256_set1_ps(off[1]), s1, o)
+    } else {
+        let s = _mm256_loadu_ps(p.s.as_ptr().add(g * p.stride + t0));
+        _mm256_fmadd_ps(_mm256_set1_ps(off[0]), s, offs)
+    }
+}
+
 /// The R x T tile at rows `r0..` (at `w`, `rb` bytes apart) and tokens `t0..t0 + T`:
 /// row r . token t over `nb` blocks into `out`.
 // Index loops over the tile: the compiler unrolls them and keeps `acc` in registers.
@@ -441,19 +479,9 @@ unsafe fn tile<D: Decode, U: Udot, const R: usize, const T: usize>(
     // Offset terms of the 8 tokens from t0 (only the first T are used).
     let mut offs = [_mm256_setzero_ps(); R];
     let qs = p.qs.as_ptr() as *const u8;
-    let (dp, sp, s16p) = (p.d.as_ptr(), p.s.as_ptr(), p.s16.as_ptr());
+    let dp = p.d.as_ptr();
     for b in 0..nb {
-        // Plain loops, not closures: a closure would not inherit the caller's target
-        // features and the intrinsics in it would not be inlined.
-        let mut hdr = [D::ZERO; R];
-        for (r, h) in hdr.iter_mut().enumerate() {
-            *h = D::hdr(w.add(r * rb + b * D::BYTES));
-            // Weights stream from memory once per token: ask for them well ahead, as
-            // the hardware prefetcher alone leaves the 4-bit kernels waiting on loads.
-            // (wrapping: the address may lie past the row's end; a prefetch never faults)
-            let ahead = w.wrapping_add(r * rb + b * D::BYTES + PREFETCH);
-            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-        }
+        let hdr = headers::<D, R>(w, rb, b);
         for j in 0..D::GROUPS {
             let g = b * D::GROUPS + j;
             let mut grp = [Group {
@@ -473,15 +501,7 @@ unsafe fn tile<D: Decode, U: Udot, const R: usize, const T: usize>(
                 }
             }
             for r in 0..R {
-                if D::HALVES {
-                    let s0 = _mm256_loadu_ps(s16p.add(2 * g * p.stride + t0));
-                    let s1 = _mm256_loadu_ps(s16p.add((2 * g + 1) * p.stride + t0));
-                    offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(grp[r].off[0]), s0, offs[r]);
-                    offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(grp[r].off[1]), s1, offs[r]);
-                } else {
-                    let s = _mm256_loadu_ps(sp.add(g * p.stride + t0));
-                    offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(grp[r].off[0]), s, offs[r]);
-                }
+                offs[r] = add_offsets::<D>(offs[r], grp[r].off, p, g, t0);
             }
         }
     }
@@ -493,6 +513,9 @@ unsafe fn tile<D: Decode, U: Udot, const R: usize, const T: usize>(
         }
     }
 }
+
+/// Lanes 0-7 take the first token of a pair, 8-15 the second (see [`tile_zmm`]).
+const PAIR_LANES: [i32; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
 
 /// The R x 2TP tile of [`tile`] in 512-bit registers (AVX-512 VNNI): each register
 /// holds a token pair, the weight group repeated in both halves against two tokens'
@@ -513,36 +536,14 @@ unsafe fn tile_zmm<D: Decode, const R: usize, const TP: usize>(
     let mut acc = [[_mm512_setzero_ps(); TP]; R];
     let mut offs = [_mm256_setzero_ps(); R];
     let qs = p.qs.as_ptr() as *const u8;
-    let (dp, sp, s16p) = (p.d.as_ptr(), p.s.as_ptr(), p.s16.as_ptr());
+    let dp = p.d.as_ptr();
     // Lane i of a pair's scale register is token 2 tp + i / 8's scale (a permutation of
     // the tile's 8 scales: measured faster than loading pre-spread scales).
-    let pair_idx: [__m512i; 4] = [0, 2, 4, 6].map(|k| {
-        _mm512_set_epi32(
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k + 1,
-            k,
-            k,
-            k,
-            k,
-            k,
-            k,
-            k,
-            k,
-        )
-    });
+    let first = _mm512_loadu_si512(PAIR_LANES.as_ptr() as *const _);
+    let pair_idx: [__m512i; 4] =
+        [0, 2, 4, 6].map(|k| _mm512_add_epi32(first, _mm512_set1_epi32(k)));
     for b in 0..nb {
-        let mut hdr = [D::ZERO; R];
-        for (r, h) in hdr.iter_mut().enumerate() {
-            *h = D::hdr(w.add(r * rb + b * D::BYTES));
-            let ahead = w.wrapping_add(r * rb + b * D::BYTES + PREFETCH);
-            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-        }
+        let hdr = headers::<D, R>(w, rb, b);
         for j in 0..D::GROUPS {
             let g = b * D::GROUPS + j;
             let mut q = [_mm512_setzero_si512(); R];
@@ -566,15 +567,7 @@ unsafe fn tile_zmm<D: Decode, const R: usize, const TP: usize>(
                 }
             }
             for r in 0..R {
-                if D::HALVES {
-                    let s0 = _mm256_loadu_ps(s16p.add(2 * g * p.stride + t0));
-                    let s1 = _mm256_loadu_ps(s16p.add((2 * g + 1) * p.stride + t0));
-                    offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(off[r][0]), s0, offs[r]);
-                    offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(off[r][1]), s1, offs[r]);
-                } else {
-                    let s = _mm256_loadu_ps(sp.add(g * p.stride + t0));
-                    offs[r] = _mm256_fmadd_ps(_mm256_set1_ps(off[r][0]), s, offs[r]);
-                }
+                offs[r] = add_offsets::<D>(offs[r], off[r], p, g, t0);
             }
         }
     }
