@@ -62,23 +62,25 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
     ("get_rows", &[wgsl!("ops/get_rows.wgsl")]),
 ];
 
-/// The `decode32` implementation for a weight type, if the GPU supports it.
-pub fn decoder(ty: GgmlType) -> Option<&'static str> {
+/// The `decode32` implementation for a weight type (with the helpers it shares with
+/// other types), if the GPU supports it.
+pub fn decoder(ty: GgmlType) -> Option<&'static [&'static str]> {
     use GgmlType::*;
+    const K4_SCALES: &str = wgsl!("common/quant/k4_scales.wgsl");
     Some(match ty {
-        F32 => wgsl!("common/quant/f32.wgsl"),
-        F16 => wgsl!("common/quant/f16.wgsl"),
-        BF16 => wgsl!("common/quant/bf16.wgsl"),
-        Q4_0 => wgsl!("common/quant/q4_0.wgsl"),
-        Q4_1 => wgsl!("common/quant/q4_1.wgsl"),
-        Q5_0 => wgsl!("common/quant/q5_0.wgsl"),
-        Q5_1 => wgsl!("common/quant/q5_1.wgsl"),
-        Q8_0 => wgsl!("common/quant/q8_0.wgsl"),
-        Q2_K => wgsl!("common/quant/q2_k.wgsl"),
-        Q3_K => wgsl!("common/quant/q3_k.wgsl"),
-        Q4_K => wgsl!("common/quant/q4_k.wgsl"),
-        Q5_K => wgsl!("common/quant/q5_k.wgsl"),
-        Q6_K => wgsl!("common/quant/q6_k.wgsl"),
+        F32 => &[wgsl!("common/quant/f32.wgsl")],
+        F16 => &[wgsl!("common/quant/f16.wgsl")],
+        BF16 => &[wgsl!("common/quant/bf16.wgsl")],
+        Q4_0 => &[wgsl!("common/quant/q4_0.wgsl")],
+        Q4_1 => &[wgsl!("common/quant/q4_1.wgsl")],
+        Q5_0 => &[wgsl!("common/quant/q5_0.wgsl")],
+        Q5_1 => &[wgsl!("common/quant/q5_1.wgsl")],
+        Q8_0 => &[wgsl!("common/quant/q8_0.wgsl")],
+        Q2_K => &[wgsl!("common/quant/q2_k.wgsl")],
+        Q3_K => &[wgsl!("common/quant/q3_k.wgsl")],
+        Q4_K => &[K4_SCALES, wgsl!("common/quant/q4_k.wgsl")],
+        Q5_K => &[K4_SCALES, wgsl!("common/quant/q5_k.wgsl")],
+        Q6_K => &[wgsl!("common/quant/q6_k.wgsl")],
         Q8_1 | Q8_K => return None,
     })
 }
@@ -106,11 +108,13 @@ pub fn quant_source(name: &str, ty: GgmlType) -> Result<String> {
         .ok_or_else(|| Error::gpu(format!("no shader named {name}")))?;
     let dec = decoder(ty)
         .ok_or_else(|| Error::Unsupported(format!("{name} for {ty} weights on the GPU")))?;
-    let mut parts = vec![STEP, BYTES, dec];
-    if !dec.contains("fn wdot32(") {
+    let mut parts = vec![STEP, BYTES];
+    parts.extend_from_slice(dec);
+    let has = |f: &str| dec.iter().any(|d| d.contains(f));
+    if !has("fn wdot32(") {
         parts.push(DOT32_GENERIC);
     }
-    if !dec.contains("fn wdot64(") {
+    if !has("fn wdot64(") {
         parts.push(DOT64_GENERIC);
     }
     parts.extend_from_slice(body);

@@ -3,17 +3,7 @@
 // min packed in `scales` (ggml get_scale_min_k4); its quant l is the low (s even) or
 // high (s odd) nibble of qs[32 (s / 2) + l]. value = d * sc * q - dmin * m.
 // 144 is a multiple of 4, so every block is word aligned and read with plain loads.
-
-// (scale, min) of sub-block s from the three words of `scales`, without branches:
-// s < 4 keeps the low 6 bits of bytes s and s + 4; s >= 4 joins a nibble of byte s + 4
-// with the top 2 bits of bytes s - 4 (scale) and s (min).
-fn k4_scale_min(s0: u32, s1: u32, s2: u32, s: u32) -> vec2<f32> {
-    let lo = vec2<u32>(s0, s1) & vec2<u32>(0x3f3f3f3fu);
-    let hi = (vec2<u32>(s2, s2 >> 4u) & vec2<u32>(0x0f0f0f0fu))
-        | (((vec2<u32>(s0, s1) >> vec2<u32>(6u)) & vec2<u32>(0x03030303u)) << vec2<u32>(4u));
-    let v = select(hi, lo, s < 4u);
-    return vec2<f32>((v >> vec2<u32>((s & 3u) * 8u)) & vec2<u32>(0xffu));
-}
+// `k4_scale_min` is in k4_scales.wgsl, shared with Q5_K.
 
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let s = c & 7u;

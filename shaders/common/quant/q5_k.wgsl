@@ -2,15 +2,7 @@
 // u8 qs[128]. Scales and low nibbles as Q4_K; the fifth bit of value l of sub-block s
 // is bit s of qh[l]. value = d * sc * q - dmin * m.
 // 176 is a multiple of 4, so every block is word aligned and read with plain loads.
-
-// (scale, min) of sub-block s, as in Q4_K (ggml get_scale_min_k4), without branches.
-fn k4_scale_min(s0: u32, s1: u32, s2: u32, s: u32) -> vec2<f32> {
-    let lo = vec2<u32>(s0, s1) & vec2<u32>(0x3f3f3f3fu);
-    let hi = (vec2<u32>(s2, s2 >> 4u) & vec2<u32>(0x0f0f0f0fu))
-        | (((vec2<u32>(s0, s1) >> vec2<u32>(6u)) & vec2<u32>(0x03030303u)) << vec2<u32>(4u));
-    let v = select(hi, lo, s < 4u);
-    return vec2<f32>((v >> vec2<u32>((s & 3u) * 8u)) & vec2<u32>(0xffu));
-}
+// `k4_scale_min` is in k4_scales.wgsl, shared with Q4_K.
 
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let s = c & 7u;

@@ -1,0 +1,13 @@
+// The 6-bit scales and mins of Q4_K and Q5_K blocks (ggml get_scale_min_k4): 12 bytes
+// after the block's f16 d and dmin, read as three words.
+
+// (scale, min) of sub-block s from the three words of `scales`, without branches:
+// s < 4 keeps the low 6 bits of bytes s and s + 4; s >= 4 joins a nibble of byte s + 4
+// with the top 2 bits of bytes s - 4 (scale) and s (min).
+fn k4_scale_min(s0: u32, s1: u32, s2: u32, s: u32) -> vec2<f32> {
+    let lo = vec2<u32>(s0, s1) & vec2<u32>(0x3f3f3f3fu);
+    let hi = (vec2<u32>(s2, s2 >> 4u) & vec2<u32>(0x0f0f0f0fu))
+        | (((vec2<u32>(s0, s1) >> vec2<u32>(6u)) & vec2<u32>(0x03030303u)) << vec2<u32>(4u));
+    let v = select(hi, lo, s < 4u);
+    return vec2<f32>((v >> vec2<u32>((s & 3u) * 8u)) & vec2<u32>(0xffu));
+}
