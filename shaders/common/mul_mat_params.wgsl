@@ -1,6 +1,6 @@
-// Parameters of the mul_mat variants that produce a range of output tokens per
-// dispatch (`mul_mat_win`, `mul_mat_ks`; Rust `ops::mul_mat::WinParams`). The window
-// fields are the windowed walk's and unused by the others.
+// Parameters of every mul_mat variant (Rust `ops::mul_mat::WinParams`). The window
+// fields are the windowed walk's (`mul_mat_win`); tok0 / tok_n, the range of output
+// tokens of one dispatch, are read by the variants that split a batch (`win`, `ks`).
 
 struct Params {
     n_rows: u32,     // rows in this part

@@ -3,20 +3,11 @@
 // l, l + WG, l + 2 WG, ... of the row, so neighbouring invocations read neighbouring
 // blocks (coalesced on a GPU), then the workgroup adds up its partial sums.
 //
+// Params: common/mul_mat_params.wgsl.
+//
 // W: [n_cols, n_rows] (this binding holds rows row0 .. row0 + n_rows of the tensor)
 // x: [n_cols, n_tokens] f32, column stride x_stride (in vec4s)
 // y: [y_stride, n_tokens] f32; row r of this part lands at y[t * y_stride + row0 + r]
-
-struct Params {
-    n_rows: u32,    // rows in this part
-    n_cols: u32,    // elements per row (a multiple of 32)
-    row_bytes: u32, // bytes per row of W
-    row0: u32,      // first row of this part within the whole tensor
-    x_stride: u32,  // vec4s between activation columns
-    y_stride: u32,  // floats between output columns
-    last_only: u32, // 1: only the batch's last token, written as column 0 (logits)
-    _pad1: u32,
-}
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;

@@ -40,7 +40,7 @@ const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 /// Kernels specialised by weight type: (name, body parts, joined in order).
 /// `mul_mat_*` are the variants of `mul_mat` (see `ops::mul_mat::Variant`).
 const QUANT_OPS: &[(&str, &[&str])] = &[
-    ("mul_mat", &[wgsl!("ops/mul_mat.wgsl")]),
+    ("mul_mat", &[MUL_MAT_PARAMS, wgsl!("ops/mul_mat.wgsl")]),
     (
         "mul_mat_win",
         &[MUL_MAT_PARAMS, MUL_MAT_WIN, wgsl!("ops/mul_mat_xs.wgsl")],
@@ -49,8 +49,14 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
         "mul_mat_winu",
         &[MUL_MAT_PARAMS, MUL_MAT_WIN, wgsl!("ops/mul_mat_xu.wgsl")],
     ),
-    ("mul_mat_wg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_wg.wgsl")]),
-    ("mul_mat_sg", &[MUL_MAT_ROW, wgsl!("ops/mul_mat_sg.wgsl")]),
+    (
+        "mul_mat_wg",
+        &[MUL_MAT_PARAMS, MUL_MAT_ROW, wgsl!("ops/mul_mat_wg.wgsl")],
+    ),
+    (
+        "mul_mat_sg",
+        &[MUL_MAT_PARAMS, MUL_MAT_ROW, wgsl!("ops/mul_mat_sg.wgsl")],
+    ),
     (
         "mul_mat_ks",
         &[MUL_MAT_PARAMS, MUL_MAT_KS, wgsl!("ops/mul_mat_xs.wgsl")],

@@ -6,6 +6,8 @@ use crate::gpu::{GpuContext, GpuTensor};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
+/// The shape part of every mul_mat variant's parameters (`WinParams` adds the rest of
+/// `common/mul_mat_params.wgsl`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Params {
@@ -236,6 +238,7 @@ impl Window {
     }
 }
 
+/// Every variant's uniform, `common/mul_mat_params.wgsl`'s `Params`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 struct WinParams {
@@ -333,35 +336,17 @@ pub fn gpu_variant(
         let n_rows = part.n_rows;
         let label = format!("mul_mat {}", w.name);
         let buffers = [&part.buffer, x, y];
-        let d = match (v, window) {
-            (Variant::Win, Some(win)) => {
-                let wp = WinParams {
-                    base: p,
-                    win_chunks: win.chunks,
-                    win_bytes: win.bytes,
-                    tok0: 0,
-                    tok_n: u32::MAX,
-                };
-                dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| {
-                    [groups(n_rows, WG), 1, 1]
-                })?
-            }
-            (Variant::Ks, _) => {
-                let wp = WinParams {
-                    base: p,
-                    win_chunks: 0,
-                    win_bytes: 0,
-                    tok0: 0,
-                    tok_n: u32::MAX,
-                };
-                let g = grid(Variant::Ks, n_rows, max_groups);
-                dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| g)?
-            }
-            _ => {
-                let g = grid(v, n_rows, max_groups);
-                dispatch(ctx, &label, pipe.clone(), step, &p, &buffers, move |_| g)?
-            }
+        // One parameter block for every variant (`common/mul_mat_params.wgsl`); the
+        // window fields are the windowed walk's.
+        let wp = WinParams {
+            base: p,
+            win_chunks: window.map_or(0, |w| w.chunks),
+            win_bytes: window.map_or(0, |w| w.bytes),
+            tok0: 0,
+            tok_n: u32::MAX,
         };
+        let g = grid(v, n_rows, max_groups);
+        let d = dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| g)?;
         out.push(d);
     }
     Ok(out)
