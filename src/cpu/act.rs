@@ -1,8 +1,6 @@
 //! Activations quantized for the integer dot products, once per op: every weight type
 //! pairs with the activation type its kernel multiplies against (ggml's `vec_dot_type`).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::pool::{Pool, SharedMut};
 use crate::quant::kquant::QK_K;
 use crate::quant::GgmlType;
@@ -88,16 +86,10 @@ pub fn quantize_rows_on(
         quantize_into(at, x, out);
         return Ok(());
     }
-    // Chunks handed out in turn, so that a thread the OS pauses holds up one chunk only.
     let chunk = n_rows.div_ceil(4 * pool.n_threads());
-    let next = AtomicUsize::new(0);
     let o = SharedMut::new(out.as_mut_slice());
-    pool.run(&|_, _| loop {
-        let start = next.fetch_add(chunk, Ordering::Relaxed);
-        if start >= n_rows {
-            break;
-        }
-        let rows = start..(start + chunk).min(n_rows);
+    pool.run_items(n_rows.div_ceil(chunk), &|_, c| {
+        let rows = c * chunk..((c + 1) * chunk).min(n_rows);
         // SAFETY: every chunk of rows is one thread's, and so are its output bytes.
         let part = unsafe { o.slice(rows.start * rb, rows.len() * rb) };
         quantize_into(at, &x[rows.start * n..rows.end * n], part);

@@ -11,7 +11,6 @@
 //! cuts the loads per multiply-add from two to under one. Items are handed out one at a
 //! time, longest (latest tokens) first, so causal masking does not leave a thread idle.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::ops::{exp_fast, zeroed_f32};
@@ -123,16 +122,9 @@ pub fn attention(
         wide: wide_vectors(),
     };
     let o = SharedMut::new(out);
-    let next = AtomicUsize::new(0);
-    pool.run(&|ith, _| {
-        let Ok(mut s) = scratch.rows[ith].lock() else {
-            return;
-        };
-        loop {
-            let i = next.fetch_add(1, Ordering::Relaxed);
-            if i >= shape.n_items() {
-                break;
-            }
+    pool.run_items(shape.n_items(), &|ith, i| {
+        // Each thread's own scratch: never contended.
+        if let Ok(mut s) = scratch.rows[ith].lock() {
             job.run(&shape.item(i), &mut s, &o);
         }
     });

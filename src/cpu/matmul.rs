@@ -5,8 +5,6 @@
 //! is read once and multiplied with every token's activations while it sits in L1, so
 //! a batch costs one pass over the weights.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::act::{quantize_rows, ActType};
 use super::dot::{kernel, Isa};
 use super::pool::{Pool, SharedMut};
@@ -99,13 +97,8 @@ pub fn mul_mat_quantized(
     // that the counter is not contended.
     let chunk = (n_rows / (pool.n_threads() * 8)).clamp(4, 64);
     let n_chunks = n_rows.div_ceil(chunk);
-    let next = AtomicUsize::new(0);
     let out = SharedMut::new(y);
-    pool.run(&|_, _| loop {
-        let c = next.fetch_add(1, Ordering::Relaxed);
-        if c >= n_chunks {
-            break;
-        }
+    pool.run_items(n_chunks, &|_, c| {
         for r in c * chunk..((c + 1) * chunk).min(n_rows) {
             let wr = &w.data[r * rb..(r + 1) * rb];
             for (t, ar) in a.chunks_exact(arb).take(n_tokens).enumerate() {
@@ -176,13 +169,8 @@ pub fn mul_mat_tiled(
     let per_thread = if n_tokens == 1 { 4 } else { 16 };
     let chunk = (n_rows / (pool.n_threads() * per_thread)).clamp(12, 96) / 12 * 12;
     let n_chunks = n_rows.div_ceil(chunk);
-    let next = AtomicUsize::new(0);
     let out = SharedMut::new(y);
-    pool.run(&|_, _| loop {
-        let c = next.fetch_add(1, Ordering::Relaxed);
-        if c >= n_chunks {
-            break;
-        }
+    pool.run_items(n_chunks, &|_, c| {
         let rows = c * chunk..((c + 1) * chunk).min(n_rows);
         // SAFETY: `w` holds n_rows rows and `y` n_rows * n_tokens values (checked above);
         // the chunk's rows are this thread's alone, so are their outputs.

@@ -98,6 +98,20 @@ impl Pool {
         self.workers.len() + 1
     }
 
+    /// Runs `f(thread, item)` for every item in `0..n_items`, each claimed in turn by
+    /// whichever thread is free: a thread the OS pauses holds up one item only, and
+    /// threads that finish early take more.
+    pub fn run_items(&self, n_items: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        let next = AtomicUsize::new(0);
+        self.run(&|ith, _| loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= n_items {
+                break;
+            }
+            f(ith, i);
+        });
+    }
+
     /// Runs `f(i, n_threads)` once for every `i` in `0..n_threads`, spread over the
     /// pool's threads, and returns when all are done. A panic in any of them is
     /// re-raised here.
