@@ -17,7 +17,7 @@
 use std::arch::x86_64::*;
 
 use super::act::ActType;
-use super::dot::avx2::{bits_to_bytes, nibbles};
+use super::dot::avx2::{bits_to_bytes, f16_at, hsum, load, nibbles};
 use crate::quant::kquant::scale_min_k4;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -178,17 +178,6 @@ trait Decode {
     const ZERO: Self::Hdr;
     unsafe fn hdr(b: *const u8) -> Self::Hdr;
     unsafe fn group(b: *const u8, h: &Self::Hdr, j: usize) -> Group;
-}
-
-#[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
-    let bits = u16::from_le_bytes([*p, *p.add(1)]);
-    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-}
-
-#[inline(always)]
-unsafe fn load(p: *const u8) -> __m256i {
-    _mm256_loadu_si256(p as *const __m256i)
 }
 
 /// Bit i of `x` as byte i: 0x10 when set, 0 when clear.
@@ -412,14 +401,6 @@ impl Decode for Q6K {
             off: [-32.0 * h[k], -32.0 * h[k + 1]],
         }
     }
-}
-
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    _mm_cvtss_f32(s)
 }
 
 /// Block b's headers for R rows (at `w`, `rb` bytes apart), their weights asked for

@@ -43,13 +43,13 @@ fn n_blocks(w: &[u8], ws: usize, a: &[u8], as_: usize) -> usize {
 /// The f16 at `p` as f32, with F16C (a library conversion would check the CPU's
 /// features on every call, which costs more than the block's arithmetic).
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(crate) unsafe fn f16_at(p: *const u8) -> f32 {
     let bits = u16::from_le_bytes([*p, *p.add(1)]);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 #[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -92,7 +92,7 @@ pub(crate) unsafe fn bits_to_bytes(x: u32) -> __m256i {
 }
 
 #[inline(always)]
-unsafe fn load(p: *const u8) -> __m256i {
+pub(crate) unsafe fn load(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
