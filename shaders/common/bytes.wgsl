@@ -7,15 +7,15 @@ fn w_u32(byte: u32) -> u32 {
     let i = byte >> 2u;
     let s = (byte & 3u) * 8u;
     if (s == 0u) {
-        return w[i];
+        return wu(i);
     }
-    return (w[i] >> s) | (w[i + 1u] << (32u - s));
+    return (wu(i) >> s) | (wu(i + 1u) << (32u - s));
 }
 
 // The f16 at an even byte (every GGUF block and every f16 field in one starts on an
 // even byte, so it never straddles words): one load.
 fn w_f16(byte: u32) -> f32 {
-    return unpack2x16float(w[byte >> 2u] >> ((byte & 2u) * 8u)).x;
+    return unpack2x16float(wu(byte >> 2u) >> ((byte & 2u) * 8u)).x;
 }
 
 // Consecutive u32 from byte offset `byte` with one aligned load per word plus one,
@@ -28,23 +28,23 @@ fn w_join(a: u32, b: u32, s: u32) -> u32 {
 fn w_u32x4(byte: u32) -> array<u32, 4> {
     let i = byte >> 2u;
     let s = (byte & 3u) * 8u;
-    let a0 = w[i];
-    let a1 = w[i + 1u];
-    let a2 = w[i + 2u];
-    let a3 = w[i + 3u];
-    let a4 = w[i + 4u];
+    let a0 = wu(i);
+    let a1 = wu(i + 1u);
+    let a2 = wu(i + 2u);
+    let a3 = wu(i + 3u);
+    let a4 = wu(i + 4u);
     return array<u32, 4>(w_join(a0, a1, s), w_join(a1, a2, s), w_join(a2, a3, s), w_join(a3, a4, s));
 }
 
 fn w_u32x5(byte: u32) -> array<u32, 5> {
     let i = byte >> 2u;
     let s = (byte & 3u) * 8u;
-    let a0 = w[i];
-    let a1 = w[i + 1u];
-    let a2 = w[i + 2u];
-    let a3 = w[i + 3u];
-    let a4 = w[i + 4u];
-    let a5 = w[i + 5u];
+    let a0 = wu(i);
+    let a1 = wu(i + 1u);
+    let a2 = wu(i + 2u);
+    let a3 = wu(i + 3u);
+    let a4 = wu(i + 4u);
+    let a5 = wu(i + 5u);
     return array<u32, 5>(
         w_join(a0, a1, s), w_join(a1, a2, s), w_join(a2, a3, s), w_join(a3, a4, s), w_join(a4, a5, s),
     );
@@ -54,9 +54,9 @@ fn w_u32x8(byte: u32) -> array<u32, 8> {
     let i = byte >> 2u;
     let s = (byte & 3u) * 8u;
     var o: array<u32, 8>;
-    var a = w[i];
+    var a = wu(i);
     for (var k = 0u; k < 8u; k++) {
-        let b = w[i + k + 1u];
+        let b = wu(i + k + 1u);
         o[k] = w_join(a, b, s);
         a = b;
     }
@@ -79,4 +79,19 @@ fn lo4(v: u32) -> vec4<f32> {
 }
 fn hi4(v: u32) -> vec4<f32> {
     return u8x4((v >> 4u) & 0x0f0f0f0fu);
+}
+
+// The 8 words of the two aligned vec4s from vec4 index `i` (16-byte aligned fields).
+fn wq8(i: u32) -> array<u32, 8> {
+    let a = wq(i);
+    let b = wq(i + 1u);
+    return array<u32, 8>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);
+}
+
+// Planar rows (src/gpu/layout.rs): a row of the types whose blocks are not a multiple of
+// 16 bytes holds the quants of all its blocks first, then each smaller field of all its
+// blocks in turn. `plane(row_byte, n)` is the byte where the fields after the first
+// `n` bytes of every block begin, for blocks of `block` elements.
+fn plane(row_byte: u32, block: u32, n: u32) -> u32 {
+    return row_byte + (p.n_cols / block) * n;
 }

@@ -19,7 +19,6 @@
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
 // Lanes per workgroup: the device's subgroup size, so one workgroup is one subgroup.

@@ -5,8 +5,8 @@
 // load per 16 bytes costs far less than the scattered, often straddling u32 loads
 // the decoders make; private-array reads are plain register/stack accesses there.
 //
-// The decoders read a module-scope `w: array<u32>` through byte offsets; here `w` is
-// the private window and the offsets are relative to it. Activations come through
+// The decoders read the weights through `wu` / `wq` (common/w_storage.wgsl); here they
+// read the private window `w` and the offsets are relative to it. Activations come through
 // `xv`, from storage (`mul_mat_xs.wgsl`) or from a uniform copy (`mul_mat_xu.wgsl`).
 // Output tokens tok0 .. tok0 + tok_n of the batch are produced (all of them for the
 // storage source; one uniform-buffer load of them for the uniform source).
@@ -26,6 +26,15 @@
 // first byte; NV covers that misalignment, the window and the word after it (the
 // straddling reads of `w_u32`).
 var<private> w: array<u32, 64>;
+
+fn wu(i: u32) -> u32 {
+    return w[i];
+}
+
+fn wq(i: u32) -> vec4<u32> {
+    let j = 4u * i;
+    return vec4<u32>(w[j], w[j + 1u], w[j + 2u], w[j + 3u]);
+}
 
 override WG: u32 = 64u;
 override NV: u32 = 16u;

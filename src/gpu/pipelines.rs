@@ -5,18 +5,61 @@ use std::sync::{Arc, Mutex};
 
 use crate::{Error, Result};
 
+/// What a kernel's binding i holds, for kernels given an explicit bind group layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binding {
+    Uniform,
+    Read,
+    ReadWrite,
+}
+
+impl Binding {
+    fn entry(self, binding: u32) -> wgpu::BindGroupLayoutEntry {
+        let ty = match self {
+            Binding::Uniform => wgpu::BufferBindingType::Uniform,
+            Binding::Read => wgpu::BufferBindingType::Storage { read_only: true },
+            Binding::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+        };
+        wgpu::BindGroupLayoutEntry {
+            binding,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        }
+    }
+}
+
 #[derive(Default)]
 pub struct PipelineCache {
     map: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
 }
 
 impl PipelineCache {
-    /// The pipeline for `label` with `constants`, compiling `source()` on first use.
+    /// The pipeline for `label` with `constants`, compiling `source()` on first use; its
+    /// layout is derived from the bindings the shader uses.
     pub fn get(
         &self,
         device: &wgpu::Device,
         label: &str,
         constants: &[(&str, f64)],
+        source: impl FnOnce() -> Result<String>,
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        self.get_laid_out(device, label, constants, None, source)
+    }
+
+    /// As [`get`](Self::get), with group 0 laid out as `bindings` (binding i holds
+    /// `bindings[i]`) whether or not the shader uses each one, so that one set of
+    /// buffers binds every specialisation of a kernel.
+    pub fn get_laid_out(
+        &self,
+        device: &wgpu::Device,
+        label: &str,
+        constants: &[(&str, f64)],
+        bindings: Option<&[Binding]>,
         source: impl FnOnce() -> Result<String>,
     ) -> Result<Arc<wgpu::ComputePipeline>> {
         let key = format!("{label}{constants:?}");
@@ -33,9 +76,21 @@ impl PipelineCache {
             label: Some(label),
             source: wgpu::ShaderSource::Wgsl(src.into()),
         });
+        let layout = bindings.map(|b| {
+            let entries: Vec<_> = (0u32..).zip(b).map(|(i, k)| k.entry(i)).collect();
+            let group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(label),
+                entries: &entries,
+            });
+            device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(label),
+                bind_group_layouts: &[Some(&group)],
+                immediate_size: 0,
+            })
+        });
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(label),
-            layout: None,
+            layout: layout.as_ref(),
             module: &module,
             entry_point: Some("main"),
             compilation_options: wgpu::PipelineCompilationOptions {

@@ -13,6 +13,8 @@ macro_rules! wgsl {
 
 const STEP: &str = wgsl!("common/step.wgsl");
 const BYTES: &str = wgsl!("common/bytes.wgsl");
+/// The weight binding and its accessors, for kernels that read weights from storage.
+const W_STORAGE: &str = wgsl!("common/w_storage.wgsl");
 const REDUCE: &str = wgsl!("common/reduce.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
 const DOT32_GENERIC: &str = wgsl!("common/quant/dot32_generic.wgsl");
@@ -40,7 +42,10 @@ const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 /// Kernels specialised by weight type: (name, body parts, joined in order).
 /// `mul_mat_*` are the variants of `mul_mat` (see `ops::mul_mat::Variant`).
 const QUANT_OPS: &[(&str, &[&str])] = &[
-    ("mul_mat", &[MUL_MAT_PARAMS, wgsl!("ops/mul_mat.wgsl")]),
+    (
+        "mul_mat",
+        &[W_STORAGE, MUL_MAT_PARAMS, wgsl!("ops/mul_mat.wgsl")],
+    ),
     (
         "mul_mat_win",
         &[MUL_MAT_PARAMS, MUL_MAT_WIN, wgsl!("ops/mul_mat_xs.wgsl")],
@@ -51,21 +56,41 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
     ),
     (
         "mul_mat_wg",
-        &[MUL_MAT_PARAMS, MUL_MAT_ROW, wgsl!("ops/mul_mat_wg.wgsl")],
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_ROW,
+            wgsl!("ops/mul_mat_wg.wgsl"),
+        ],
     ),
     (
         "mul_mat_sg",
-        &[MUL_MAT_PARAMS, MUL_MAT_ROW, wgsl!("ops/mul_mat_sg.wgsl")],
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_ROW,
+            wgsl!("ops/mul_mat_sg.wgsl"),
+        ],
     ),
     (
         "mul_mat_ks",
-        &[MUL_MAT_PARAMS, MUL_MAT_KS, wgsl!("ops/mul_mat_xs.wgsl")],
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_KS,
+            wgsl!("ops/mul_mat_xs.wgsl"),
+        ],
     ),
     (
         "mul_mat_ksu",
-        &[MUL_MAT_PARAMS, MUL_MAT_KS, wgsl!("ops/mul_mat_xu.wgsl")],
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_KS,
+            wgsl!("ops/mul_mat_xu.wgsl"),
+        ],
     ),
-    ("get_rows", &[wgsl!("ops/get_rows.wgsl")]),
+    ("get_rows", &[W_STORAGE, wgsl!("ops/get_rows.wgsl")]),
 ];
 
 /// The `decode32` implementation for a weight type (with the helpers it shares with

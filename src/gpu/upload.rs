@@ -1,6 +1,7 @@
-//! Weights go verbatim from the memory-mapped file into GPU buffers: each buffer is
-//! created mapped and the tensor's bytes are copied straight from the map into it.
-//! A tensor larger than one storage binding allows is split into row ranges.
+//! Weights go from the memory-mapped file into GPU buffers: each buffer is created
+//! mapped and the tensor's rows are copied straight from the map into it, in the
+//! layout of [`super::layout`] (the file encoding, or its bytes reordered planar per
+//! row). A tensor larger than one storage binding allows is split into row ranges.
 
 use wgpu::util::DeviceExt;
 
@@ -17,12 +18,14 @@ pub struct Part {
     pub n_rows: u32,
 }
 
-/// A weight tensor on the GPU, still in its file encoding.
+/// A weight tensor on the GPU, still quantized as in the file ([`super::layout`] says
+/// how each row's bytes are ordered).
 pub struct GpuTensor {
     pub name: String,
     pub ty: GgmlType,
     /// ggml order: ne[0] is the row length.
     pub ne: [u64; 4],
+    /// Bytes per row on the GPU ([`super::layout::row_bytes`]).
     pub row_bytes: u64,
     pub parts: Vec<Part>,
 }
@@ -75,36 +78,42 @@ impl GpuTensor {
                 row_bytes
             )));
         }
+        let gpu_row = super::layout::row_bytes(info.ty, ne[0]).unwrap_or(row_bytes);
         let max = ctx.max_binding();
-        let rows_per_part = (max / row_bytes.max(1)).min(u32::MAX as u64);
+        let rows_per_part = (max / gpu_row.max(1)).min(u32::MAX as u64);
         if rows_per_part == 0 {
             return Err(Error::gpu(format!(
                 "tensor {}: one row ({} bytes) exceeds the device's storage binding limit ({} bytes); \
                  use --gpu-layers to run this part on the CPU",
-                info.name, row_bytes, max
+                info.name, gpu_row, max
             )));
         }
+        let rows = Rows {
+            ty: info.ty,
+            file: row_bytes as usize,
+            gpu: gpu_row as usize,
+        };
         let mut parts = Vec::new();
         let mut row0 = 0u64;
         while row0 < n_rows {
-            let rows = rows_per_part.min(n_rows - row0);
+            let n = rows_per_part.min(n_rows - row0);
             let start = (row0 * row_bytes) as usize;
-            let end = ((row0 + rows) * row_bytes) as usize;
+            let end = ((row0 + n) * row_bytes) as usize;
             let buffer = ctx.scoped(&format!("uploading {}", info.name), || {
-                upload_bytes(ctx, &info.name, &data[start..end], copied)
+                upload_rows(ctx, &info.name, &data[start..end], rows, copied)
             })??;
             parts.push(Part {
                 buffer,
                 row0: row0 as u32,
-                n_rows: rows as u32,
+                n_rows: n as u32,
             });
-            row0 += rows;
+            row0 += n;
         }
         Ok(GpuTensor {
             name: info.name.clone(),
             ty: info.ty,
             ne,
-            row_bytes,
+            row_bytes: gpu_row,
             parts,
         })
     }
@@ -113,14 +122,25 @@ impl GpuTensor {
 /// Bytes copied between calls of an upload's `copied`.
 const COPY_RUN: usize = 8 << 20;
 
-/// A storage buffer holding `bytes` (padded to a multiple of 4 with zeros).
-fn upload_bytes(
+/// Row sizes of a tensor being uploaded: in the file and in the GPU layout.
+#[derive(Clone, Copy)]
+struct Rows {
+    ty: GgmlType,
+    file: usize,
+    gpu: usize,
+}
+
+/// A storage buffer holding the file rows `bytes` in the GPU layout (padded to a
+/// multiple of 16 bytes with zeros, so the weights bind as whole vec4s).
+fn upload_rows(
     ctx: &GpuContext,
     label: &str,
     bytes: &[u8],
+    rows: Rows,
     copied: &mut dyn FnMut(&[u8]),
 ) -> Result<wgpu::Buffer> {
-    let size = (bytes.len() as u64).next_multiple_of(4).max(4);
+    let n_rows = bytes.len() / rows.file.max(1);
+    let size = ((n_rows * rows.gpu) as u64).next_multiple_of(16).max(16);
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size,
@@ -131,11 +151,22 @@ fn upload_bytes(
         let mut view = buffer
             .get_mapped_range_mut(..)
             .map_err(|e| Error::gpu(format!("mapping the buffer for {label}: {e}")))?;
-        // The tail past the tensor (at most 3 bytes of padding) stays zero as mapped
-        // buffers start zeroed.
-        for (i, src) in bytes.chunks(COPY_RUN).enumerate() {
-            let at = i * COPY_RUN;
-            view.slice(at..at + src.len()).copy_from_slice(src);
+        // Padding stays zero, as mapped buffers start zeroed.
+        let run_rows = (COPY_RUN / rows.file.max(1)).max(1);
+        for (i, src) in bytes.chunks(run_rows * rows.file).enumerate() {
+            let at = i * run_rows * rows.gpu;
+            if rows.file == rows.gpu && super::layout::planes(rows.ty).is_none() {
+                view.slice(at..at + src.len()).copy_from_slice(src);
+            } else {
+                // Reordered one row at a time through a row-sized scratch (the view
+                // is write-only).
+                let mut row = vec![0u8; rows.gpu];
+                for (k, s) in src.chunks(rows.file).enumerate() {
+                    super::layout::write_row(rows.ty, s, &mut row);
+                    let o = at + k * rows.gpu;
+                    view.slice(o..o + rows.gpu).copy_from_slice(&row);
+                }
+            }
             copied(src);
         }
     }

@@ -33,11 +33,14 @@ pub fn gpu(
     }
     let label = format!("get_rows_{}", w.ty);
     let ty = w.ty;
-    let pipe = ctx
-        .pipelines
-        .get(&ctx.device, &label, &[("WG", WG as f64)], || {
-            crate::gpu::shaders::quant_source("get_rows", ty)
-        })?;
+    let layout = super::mul_mat::weight_layout(false);
+    let pipe = ctx.pipelines.get_laid_out(
+        &ctx.device,
+        &label,
+        &[("WG", WG as f64)],
+        Some(&layout),
+        || crate::gpu::shaders::quant_source("get_rows", ty),
+    )?;
     let chunks = (w.n_cols() / 32) as u32;
     let mut v = Vec::new();
     for part in &w.parts {
@@ -55,7 +58,7 @@ pub fn gpu(
             pipe.clone(),
             step,
             &p,
-            &[&part.buffer, ids, out],
+            &super::mul_mat::weight_buffers(false, &part.buffer, ids, out),
             move |s| [groups(chunks, WG), s.n_tokens, 1],
         )?);
     }

@@ -2,6 +2,7 @@
 //! (`shaders/ops/mul_mat.wgsl` with the weight type's decoder).
 
 use super::{dispatch, groups, Dispatch, StepInfo, WG};
+use crate::gpu::pipelines::Binding;
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -41,7 +42,8 @@ pub enum Variant {
     Win,
     /// `mul_mat_win.wgsl` + `mul_mat_xu.wgsl`: as `Win`, activations copied into a
     /// uniform buffer first (`mul_mat_xcopy`), a few tokens at a time (fastest on
-    /// lavapipe). Rows longer than the uniform buffer holds run as `Win`.
+    /// lavapipe). Rows longer than the uniform buffer holds run as `Win`. Types stored
+    /// planar ([`crate::gpu::layout`]) have no runs of whole blocks and run as `Row`.
     WinU,
     /// `mul_mat_wg.wgsl`: one workgroup per row, coalesced block reads, reduction in
     /// workgroup memory (portable).
@@ -192,9 +194,18 @@ pub(crate) fn pipeline(
             ]
         }
     };
-    ctx.pipelines.get(&ctx.device, &label, &consts, || {
-        crate::gpu::shaders::quant_source(v.shader(), ty)
-    })
+    // The windowed variants bind the weights once, as vec4s, and lay out on their own.
+    let layout = match v {
+        Variant::Win | Variant::WinU => None,
+        _ => Some(weight_layout(v == Variant::KsU)),
+    };
+    ctx.pipelines.get_laid_out(
+        &ctx.device,
+        &label,
+        &consts,
+        layout.as_ref().map(|l| &l[..]),
+        || crate::gpu::shaders::quant_source(v.shader(), ty),
+    )
 }
 
 /// How `mul_mat_win` walks a row of type `ty`: windows of whole blocks, at most
@@ -305,6 +316,11 @@ pub fn gpu_variant(
             ctx.info.name
         )));
     }
+    // Windows are runs of whole blocks, which planar rows (gpu::layout) do not have.
+    let v = match v {
+        Variant::Win | Variant::WinU if crate::gpu::layout::planes(w.ty).is_some() => Variant::Row,
+        v => v,
+    };
     let per_xu = tokens_per_xu(ctx, w.n_cols());
     if matches!(v, Variant::WinU | Variant::KsU) && per_xu > 0 {
         return gpu_uniform_x(ctx, v, step, w, x, y, cols, per_xu);
@@ -335,7 +351,7 @@ pub fn gpu_variant(
         };
         let n_rows = part.n_rows;
         let label = format!("mul_mat {}", w.name);
-        let buffers = [&part.buffer, x, y];
+        let buffers = weight_buffers(v == Variant::Win, &part.buffer, x, y);
         // One parameter block for every variant (`common/mul_mat_params.wgsl`); the
         // window fields are the windowed walk's.
         let wp = WinParams {
@@ -350,6 +366,41 @@ pub fn gpu_variant(
         out.push(d);
     }
     Ok(out)
+}
+
+/// Bindings 2.. of a kernel that reads weights from storage (common/w_storage.wgsl):
+/// the weights, the activations (or ids), the output and the weights again, seen as
+/// vec4s. The windowed variants bind only the vec4 view and decode a private copy.
+pub(crate) fn weight_buffers<'a>(
+    windowed: bool,
+    w: &'a wgpu::Buffer,
+    x: &'a wgpu::Buffer,
+    y: &'a wgpu::Buffer,
+) -> Vec<&'a wgpu::Buffer> {
+    if windowed {
+        vec![w, x, y]
+    } else {
+        vec![w, x, y, w]
+    }
+}
+
+/// Group 0 of a kernel that reads weights from storage: step, parameters, weights as
+/// u32s, activations (a uniform copy for `x_uniform`), output, weights as vec4s. Laid
+/// out explicitly because a decoder may use either view of the weights alone.
+pub(crate) fn weight_layout(x_uniform: bool) -> [Binding; 6] {
+    let x = if x_uniform {
+        Binding::Uniform
+    } else {
+        Binding::Read
+    };
+    [
+        Binding::Uniform,
+        Binding::Uniform,
+        Binding::Read,
+        x,
+        Binding::ReadWrite,
+        Binding::Read,
+    ]
 }
 
 /// Workgroups of variant `v` for `n_rows` rows: one row per invocation (`Row`, `Win`,
@@ -458,7 +509,7 @@ fn gpu_uniform_x(
                 pipe.clone(),
                 step,
                 &wp,
-                &[&part.buffer, &xu, y],
+                &weight_buffers(v == Variant::WinU, &part.buffer, &xu, y),
                 move |s| if live(s) { g } else { [0, 1, 1] },
             )?);
         }

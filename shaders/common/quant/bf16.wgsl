@@ -9,7 +9,7 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 8u; k++) {
         let i = base + k * 2u;
-        o[k] = vec4<f32>(bf16x2(w[i]), bf16x2(w[i + 1u]));
+        o[k] = vec4<f32>(bf16x2(wu(i)), bf16x2(wu(i + 1u)));
     }
     return o;
 }

@@ -1,11 +1,13 @@
-// F16 weights: a 32-element chunk is 64 bytes.
+// F16 weights: a 32-element chunk is 64 bytes, four aligned vec4s (rows are whole
+// chunks, so every chunk starts on a 16-byte boundary).
 
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-    let base = (row_byte + c * 64u) >> 2u;
+    let base = (row_byte >> 4u) + c * 4u;
     var o: array<vec4<f32>, 8>;
-    for (var k = 0u; k < 8u; k++) {
-        let i = base + k * 2u;
-        o[k] = vec4<f32>(unpack2x16float(w[i]), unpack2x16float(w[i + 1u]));
+    for (var k = 0u; k < 4u; k++) {
+        let v = wq(base + k);
+        o[2u * k] = vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
+        o[2u * k + 1u] = vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w));
     }
     return o;
 }

@@ -5,7 +5,7 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 8u; k++) {
         let i = base + k * 4u;
-        o[k] = bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
+        o[k] = bitcast<vec4<f32>>(vec4<u32>(wu(i), wu(i + 1u), wu(i + 2u), wu(i + 3u)));
     }
     return o;
 }

@@ -1,10 +1,15 @@
 // Q4_0 (ggml block_q4_0, 18 bytes): f16 d; u8 qs[16].
 // Element j = (qs[j] & 15) - 8, element j + 16 = (qs[j] >> 4) - 8, both times d.
+// Planar rows (src/gpu/layout.rs): every block's 16 bytes of nibbles (one aligned
+// vec4), then every block's d.
+
+fn q4_0_d(row_byte: u32, c: u32) -> f32 {
+    return w_f16(plane(row_byte, 32u, 16u) + c * 2u);
+}
 
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-    let b = row_byte + c * 18u;
-    let d = w_f16(b);
-    let q = w_u32x4(b + 2u);
+    let d = q4_0_d(row_byte, c);
+    let q = wq((row_byte >> 4u) + c);
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
         o[k] = (lo4(q[k]) - 8.0) * d;
@@ -15,11 +20,10 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
 
 // sum_j (q_j - 8) d x_j = d (sum_j q_j x_j - 8 xs).
 fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
-    let b = row_byte + c * 18u;
-    let q = w_u32x4(b + 2u);
+    let q = wq((row_byte >> 4u) + c);
     var s = 0.0;
     for (var k = 0u; k < 4u; k++) {
         s += dot(lo4(q[k]), xc[k]) + dot(hi4(q[k]), xc[k + 4u]);
     }
-    return (s - 8.0 * xs) * w_f16(b);
+    return (s - 8.0 * xs) * q4_0_d(row_byte, c);
 }

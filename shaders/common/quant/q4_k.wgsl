@@ -2,21 +2,28 @@
 // 256 values = 8 sub-blocks of 32, one per chunk. Sub-block s has a 6-bit scale and
 // min packed in `scales` (ggml get_scale_min_k4); its quant l is the low (s even) or
 // high (s odd) nibble of qs[32 (s / 2) + l]. value = d * sc * q - dmin * m.
-// 144 is a multiple of 4, so every block is word aligned and read with plain loads.
+// 144 is 9 x 16 and rows are whole blocks, so every block is 16-byte aligned: the
+// header (d, dmin, scales) is one vec4 and a sub-block pair's nibbles two more.
 // `k4_scale_min` is in k4_scales.wgsl, shared with Q5_K.
+
+// vec4 index of the block holding chunk c (8 chunks per block).
+fn q4k_block(row_byte: u32, c: u32) -> u32 {
+    return (row_byte + (c >> 3u) * 144u) >> 4u;
+}
 
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let s = c & 7u;
-    let bw = (row_byte + (c >> 3u) * 144u) >> 2u;
-    let dm = unpack2x16float(w[bw]);
-    let sm = k4_scale_min(w[bw + 1u], w[bw + 2u], w[bw + 3u], s);
+    let bq = q4k_block(row_byte, c);
+    let h = wq(bq);
+    let dm = unpack2x16float(h.x);
+    let sm = k4_scale_min(h.y, h.z, h.w, s);
     let dl = dm.x * sm.x;
     let ml = dm.y * sm.y;
-    let qw = bw + 4u + (s >> 1u) * 8u;
+    let q = wq8(bq + 1u + (s >> 1u) * 2u);
     let sh = (s & 1u) * 4u;
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 8u; k++) {
-        o[k] = u8x4((w[qw + k] >> sh) & 0x0f0f0f0fu) * dl - ml;
+        o[k] = u8x4((q[k] >> sh) & 0x0f0f0f0fu) * dl - ml;
     }
     return o;
 }
@@ -24,14 +31,15 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
 // sum_j (dl q_j - ml) x_j = dl sum_j q_j x_j - ml xs.
 fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let s = c & 7u;
-    let bw = (row_byte + (c >> 3u) * 144u) >> 2u;
-    let dm = unpack2x16float(w[bw]);
-    let sm = k4_scale_min(w[bw + 1u], w[bw + 2u], w[bw + 3u], s);
-    let qw = bw + 4u + (s >> 1u) * 8u;
+    let bq = q4k_block(row_byte, c);
+    let h = wq(bq);
+    let dm = unpack2x16float(h.x);
+    let sm = k4_scale_min(h.y, h.z, h.w, s);
+    let q = wq8(bq + 1u + (s >> 1u) * 2u);
     let sh = (s & 1u) * 4u;
     var acc = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        acc += dot(u8x4((w[qw + k] >> sh) & 0x0f0f0f0fu), xc[k]);
+        acc += dot(u8x4((q[k] >> sh) & 0x0f0f0f0fu), xc[k]);
     }
     return dm.x * sm.x * acc - dm.y * sm.y * xs;
 }
@@ -47,20 +55,17 @@ fn wdot64(
     sb: f32,
 ) -> f32 {
     let s = (2u * c2) & 7u;
-    let bw = (row_byte + (c2 >> 2u) * 144u) >> 2u;
-    let dm = unpack2x16float(w[bw]);
-    let s0 = w[bw + 1u];
-    let s1 = w[bw + 2u];
-    let s2 = w[bw + 3u];
-    let ma = k4_scale_min(s0, s1, s2, s);
-    let mb = k4_scale_min(s0, s1, s2, s + 1u);
-    let qw = bw + 4u + (s >> 1u) * 8u;
+    let bq = q4k_block(row_byte, 2u * c2);
+    let h = wq(bq);
+    let dm = unpack2x16float(h.x);
+    let ma = k4_scale_min(h.y, h.z, h.w, s);
+    let mb = k4_scale_min(h.y, h.z, h.w, s + 1u);
+    let q = wq8(bq + 1u + (s >> 1u) * 2u);
     var a = 0.0;
     var b = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        let q = w[qw + k];
-        a += dot(u8x4(q & 0x0f0f0f0fu), xa[k]);
-        b += dot(u8x4((q >> 4u) & 0x0f0f0f0fu), xb[k]);
+        a += dot(u8x4(q[k] & 0x0f0f0f0fu), xa[k]);
+        b += dot(u8x4((q[k] >> 4u) & 0x0f0f0f0fu), xb[k]);
     }
     return dm.x * (ma.x * a + mb.x * b) - dm.y * (ma.y * sa + mb.y * sb);
 }

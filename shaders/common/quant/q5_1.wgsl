@@ -1,5 +1,7 @@
 // Q5_1 (ggml block_q5_1, 24 bytes): f16 d; f16 m; u8 qh[4]; u8 qs[16].
 // value = q * d + m with q the 5-bit number (bit j of qh on top).
+// Planar rows (src/gpu/layout.rs): every block's 16 bytes of nibbles (one aligned
+// vec4), then every block's qh word, then every block's (d, m) word.
 
 fn q5_high(qh: u32, j: u32) -> vec4<f32> {
     let bits = (qh >> j) & 0xfu;
@@ -7,14 +9,13 @@ fn q5_high(qh: u32, j: u32) -> vec4<f32> {
 }
 
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-    let b = row_byte + c * 24u;
-    let dm = unpack2x16float(w_u32(b));
-    let qh = w_u32(b + 4u);
+    let dm = unpack2x16float(wu((plane(row_byte, 32u, 20u) >> 2u) + c));
+    let qh = wu((plane(row_byte, 32u, 16u) >> 2u) + c);
+    let q = wq((row_byte >> 4u) + c);
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        let q = w_u32(b + 8u + 4u * k);
-        o[k] = (lo4(q) + q5_high(qh, 4u * k)) * dm.x + dm.y;
-        o[k + 4u] = (hi4(q) + q5_high(qh, 16u + 4u * k)) * dm.x + dm.y;
+        o[k] = (lo4(q[k]) + q5_high(qh, 4u * k)) * dm.x + dm.y;
+        o[k + 4u] = (hi4(q[k]) + q5_high(qh, 16u + 4u * k)) * dm.x + dm.y;
     }
     return o;
 }

@@ -1,22 +1,29 @@
 // Q5_K (ggml block_q5_K, 176 bytes): f16 d; f16 dmin; u8 scales[12]; u8 qh[32];
 // u8 qs[128]. Scales and low nibbles as Q4_K; the fifth bit of value l of sub-block s
 // is bit s of qh[l]. value = d * sc * q - dmin * m.
-// 176 is a multiple of 4, so every block is word aligned and read with plain loads.
+// 176 is 11 x 16 and rows are whole blocks, so every block is 16-byte aligned: the
+// header (d, dmin, scales) is one vec4, qh two more and a sub-block pair's nibbles two.
 // `k4_scale_min` is in k4_scales.wgsl, shared with Q4_K.
+
+// vec4 index of the block holding chunk c (8 chunks per block).
+fn q5k_block(row_byte: u32, c: u32) -> u32 {
+    return (row_byte + (c >> 3u) * 176u) >> 4u;
+}
 
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let s = c & 7u;
-    let bw = (row_byte + (c >> 3u) * 176u) >> 2u;
-    let dm = unpack2x16float(w[bw]);
-    let sm = k4_scale_min(w[bw + 1u], w[bw + 2u], w[bw + 3u], s);
+    let bq = q5k_block(row_byte, c);
+    let hd = wq(bq);
+    let dm = unpack2x16float(hd.x);
+    let sm = k4_scale_min(hd.y, hd.z, hd.w, s);
     let dl = dm.x * sm.x;
     let ml = dm.y * sm.y;
-    let hw = bw + 4u;
-    let qw = bw + 12u + (s >> 1u) * 8u;
+    let qh = wq8(bq + 1u);
+    let qs = wq8(bq + 3u + (s >> 1u) * 2u);
     let sh = (s & 1u) * 4u;
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 8u; k++) {
-        let q = ((w[qw + k] >> sh) & 0x0f0f0f0fu) | (((w[hw + k] >> s) & 0x01010101u) << 4u);
+        let q = ((qs[k] >> sh) & 0x0f0f0f0fu) | (((qh[k] >> s) & 0x01010101u) << 4u);
         o[k] = u8x4(q) * dl - ml;
     }
     return o;
@@ -25,15 +32,16 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
 // sum_j (dl q_j - ml) x_j = dl sum_j q_j x_j - ml xs.
 fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let s = c & 7u;
-    let bw = (row_byte + (c >> 3u) * 176u) >> 2u;
-    let dm = unpack2x16float(w[bw]);
-    let sm = k4_scale_min(w[bw + 1u], w[bw + 2u], w[bw + 3u], s);
-    let hw = bw + 4u;
-    let qw = bw + 12u + (s >> 1u) * 8u;
+    let bq = q5k_block(row_byte, c);
+    let hd = wq(bq);
+    let dm = unpack2x16float(hd.x);
+    let sm = k4_scale_min(hd.y, hd.z, hd.w, s);
+    let qh = wq8(bq + 1u);
+    let qs = wq8(bq + 3u + (s >> 1u) * 2u);
     let sh = (s & 1u) * 4u;
     var acc = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        let q = ((w[qw + k] >> sh) & 0x0f0f0f0fu) | (((w[hw + k] >> s) & 0x01010101u) << 4u);
+        let q = ((qs[k] >> sh) & 0x0f0f0f0fu) | (((qh[k] >> s) & 0x01010101u) << 4u);
         acc += dot(u8x4(q), xc[k]);
     }
     return dm.x * sm.x * acc - dm.y * sm.y * xs;
@@ -50,20 +58,18 @@ fn wdot64(
     sb: f32,
 ) -> f32 {
     let s = (2u * c2) & 7u;
-    let bw = (row_byte + (c2 >> 2u) * 176u) >> 2u;
-    let dm = unpack2x16float(w[bw]);
-    let s0 = w[bw + 1u];
-    let s1 = w[bw + 2u];
-    let s2 = w[bw + 3u];
-    let ma = k4_scale_min(s0, s1, s2, s);
-    let mb = k4_scale_min(s0, s1, s2, s + 1u);
-    let hw = bw + 4u;
-    let qw = bw + 12u + (s >> 1u) * 8u;
+    let bq = q5k_block(row_byte, 2u * c2);
+    let hd = wq(bq);
+    let dm = unpack2x16float(hd.x);
+    let ma = k4_scale_min(hd.y, hd.z, hd.w, s);
+    let mb = k4_scale_min(hd.y, hd.z, hd.w, s + 1u);
+    let qh = wq8(bq + 1u);
+    let qs = wq8(bq + 3u + (s >> 1u) * 2u);
     var a = 0.0;
     var b = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        let q = w[qw + k];
-        let h = w[hw + k] >> s;
+        let q = qs[k];
+        let h = qh[k] >> s;
         a += dot(u8x4((q & 0x0f0f0f0fu) | ((h & 0x01010101u) << 4u)), xa[k]);
         b += dot(u8x4(((q >> 4u) & 0x0f0f0f0fu) | ((h & 0x02020202u) << 3u)), xb[k]);
     }

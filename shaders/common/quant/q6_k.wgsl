@@ -3,22 +3,48 @@
 // sub-blocks 2s and 2s + 1 (16 values each). Its value l has low nibble
 // (s / 2) % 2 of ql[64 n + 32 (s % 2) + l] and high bits 2 (s % 4) of qh[32 n + l]:
 // q = (low | high << 4) - 32. value = d * scales[j] * q.
-// 210 is not a multiple of 4: blocks start on even bytes, so reads straddle words.
+// Planar rows (src/gpu/layout.rs): every block's first 208 bytes (ql, qh, scales: 13
+// aligned vec4s), then every block's d.
 
-fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+// vec4 index of the block holding chunk c, and the block's d.
+fn q6k_block(row_byte: u32, c: u32) -> u32 {
+    return (row_byte >> 4u) + (c >> 3u) * 13u;
+}
+
+fn q6k_d(row_byte: u32, c: u32) -> f32 {
+    return w_f16(plane(row_byte, 256u, 208u) + (c >> 3u) * 2u);
+}
+
+// The chunk's 32 six-bit quants (before the -32), four per word, and its two scales.
+struct Q6Chunk {
+    q: array<u32, 8>,
+    sc: vec2<f32>,
+}
+
+fn q6k_chunk(row_byte: u32, c: u32) -> Q6Chunk {
     let s = c & 7u;
     let n = s >> 2u;
-    let b = row_byte + (c >> 3u) * 210u;
-    let sc = i8x4(w_u32(b + 192u + s * 2u));
-    let dl = w_f16(b + 208u) * sc.xy;
-    let ql = w_u32x8(b + n * 64u + (s & 1u) * 32u);
-    let qh = w_u32x8(b + 128u + n * 32u);
+    let bq = q6k_block(row_byte, c);
+    let ql = wq8(bq + n * 4u + (s & 1u) * 2u);
+    let qh = wq8(bq + 8u + n * 2u);
+    // scales[2s], scales[2s + 1]: half of word s / 2 of the scales' vec4 (vec4 12).
+    let sw = wu((bq + 12u) * 4u + (s >> 1u)) >> ((s & 1u) * 16u);
     let sl = ((s >> 1u) & 1u) * 4u;
     let sh = (s & 3u) * 2u;
+    var o: Q6Chunk;
+    for (var k = 0u; k < 8u; k++) {
+        o.q[k] = ((ql[k] >> sl) & 0x0f0f0f0fu) | (((qh[k] >> sh) & 0x03030303u) << 4u);
+    }
+    o.sc = i8x4(sw).xy;
+    return o;
+}
+
+fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+    let ch = q6k_chunk(row_byte, c);
+    let dl = q6k_d(row_byte, c) * ch.sc;
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 8u; k++) {
-        let q = ((ql[k] >> sl) & 0x0f0f0f0fu) | (((qh[k] >> sh) & 0x03030303u) << 4u);
-        o[k] = (u8x4(q) - 32.0) * select(dl.y, dl.x, k < 4u);
+        o[k] = (u8x4(ch.q[k]) - 32.0) * select(dl.y, dl.x, k < 4u);
     }
     return o;
 }
@@ -26,22 +52,14 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
 // Per 16-value half h of the chunk: d sc_h sum_j (q_j - 32) x_j
 // = d sc_h (sum_j q_j x_j - 32 xs_h).
 fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
-    let s = c & 7u;
-    let n = s >> 2u;
-    let b = row_byte + (c >> 3u) * 210u;
-    let sc = i8x4(w_u32(b + 192u + s * 2u));
-    let ql = w_u32x8(b + n * 64u + (s & 1u) * 32u);
-    let qh = w_u32x8(b + 128u + n * 32u);
-    let sl = ((s >> 1u) & 1u) * 4u;
-    let sh = (s & 3u) * 2u;
+    let ch = q6k_chunk(row_byte, c);
     var a = vec2<f32>();
     for (var k = 0u; k < 8u; k++) {
-        let q = ((ql[k] >> sl) & 0x0f0f0f0fu) | (((qh[k] >> sh) & 0x03030303u) << 4u);
-        let v = dot(u8x4(q), xc[k]);
+        let v = dot(u8x4(ch.q[k]), xc[k]);
         a += select(vec2<f32>(0.0, v), vec2<f32>(v, 0.0), k < 4u);
     }
     let x4 = xc[0] + xc[1] + xc[2] + xc[3];
     let xs0 = x4.x + x4.y + x4.z + x4.w;
     let xh = vec2<f32>(xs0, xs - xs0);
-    return w_f16(b + 208u) * dot(sc.xy, a - 32.0 * xh);
+    return q6k_d(row_byte, c) * dot(ch.sc, a - 32.0 * xh);
 }

@@ -1,0 +1,103 @@
+//! How weights are laid out in GPU memory.
+//!
+//! Types whose blocks are a multiple of 16 bytes (Q4_K, Q5_K, F16) keep their file
+//! encoding. The others (Q4_0 18 bytes, Q4_1 20, Q5_0 22, Q5_1 24, Q8_0 34, Q6_K 210)
+//! are stored planar within each row: the quants of all the row's blocks first, then
+//! each smaller field of all its blocks (high bits, scales), the row padded to 16
+//! bytes. The quants then sit on 16-byte boundaries and the decoders read them as
+//! aligned vec4s (`wq`), which costs CPU-hosted drivers a quarter of the loads of
+//! straddling u32 reads and lets real GPUs coalesce them; the bytes read per row are
+//! the same. The values are unchanged: only the order of a row's bytes moves.
+
+use crate::quant::GgmlType;
+
+/// A planar type's fields, as (offset in the file block, bytes), in the order their
+/// planes follow one another in a row. The first plane's field is a multiple of 16
+/// bytes; the others are multiples of 2 and are read as parts of u32 words.
+pub fn planes(ty: GgmlType) -> Option<&'static [(usize, usize)]> {
+    use GgmlType::*;
+    Some(match ty {
+        // f16 d; u8 qs[16]
+        Q4_0 => &[(2, 16), (0, 2)],
+        // f16 d, m; u8 qs[16]
+        Q4_1 => &[(4, 16), (0, 4)],
+        // f16 d; u8 qh[4]; u8 qs[16]
+        Q5_0 => &[(6, 16), (2, 4), (0, 2)],
+        // f16 d, m; u8 qh[4]; u8 qs[16]
+        Q5_1 => &[(8, 16), (4, 4), (0, 4)],
+        // f16 d; i8 qs[32]
+        Q8_0 => &[(2, 32), (0, 2)],
+        // u8 ql[128], qh[64]; i8 scales[16]; f16 d
+        Q6_K => &[(0, 208), (208, 2)],
+        _ => return None,
+    })
+}
+
+/// Bytes of one row of `n_cols` elements on the GPU, None if the row is not whole
+/// blocks.
+pub fn row_bytes(ty: GgmlType, n_cols: u64) -> Option<u64> {
+    let file = ty.row_bytes(n_cols)?;
+    Some(match planes(ty) {
+        Some(_) => file.next_multiple_of(16),
+        None => file,
+    })
+}
+
+/// Writes one file row `src` in the GPU layout into `dst` (`row_bytes` long; padding
+/// is left as it is, zero in a fresh buffer).
+pub fn write_row(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
+    let Some(planes) = planes(ty) else {
+        dst[..src.len()].copy_from_slice(src);
+        return;
+    };
+    let block = ty.type_size();
+    let n_blocks = src.len() / block;
+    let mut at = 0;
+    for &(off, len) in planes {
+        let plane = &mut dst[at..at + n_blocks * len];
+        for (b, out) in plane.chunks_exact_mut(len).enumerate() {
+            out.copy_from_slice(&src[b * block + off..b * block + off + len]);
+        }
+        at += n_blocks * len;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each planar type's planes cover its block exactly once, and the first is
+    /// 16-byte sized so the quants stay aligned.
+    #[test]
+    fn planes_partition_the_block() {
+        for ty in GgmlType::ALL {
+            let Some(planes) = planes(ty) else { continue };
+            let block = ty.type_size();
+            let mut seen = vec![0u8; block];
+            for &(off, len) in planes {
+                for s in &mut seen[off..off + len] {
+                    *s += 1;
+                }
+            }
+            assert!(seen.iter().all(|&s| s == 1), "{ty}: {seen:?}");
+            assert_eq!(planes[0].1 % 16, 0, "{ty}");
+        }
+    }
+
+    /// A row written planar holds every byte of the file row, each plane in order.
+    #[test]
+    fn write_row_moves_every_byte() {
+        let ty = GgmlType::Q5_0;
+        let n_cols = 96; // 3 blocks of 22 bytes
+        let src: Vec<u8> = (0..66).collect();
+        let n = row_bytes(ty, n_cols).unwrap() as usize;
+        assert_eq!(n, 80);
+        let mut dst = vec![0xaa; n];
+        write_row(ty, &src, &mut dst);
+        let qs: Vec<u8> = [6u8, 28, 50].iter().flat_map(|&b| b..b + 16).collect();
+        assert_eq!(&dst[..48], &qs[..]);
+        assert_eq!(&dst[48..60], &[2, 3, 4, 5, 24, 25, 26, 27, 46, 47, 48, 49]);
+        assert_eq!(&dst[60..66], &[0, 1, 22, 23, 44, 45]);
+        assert!(dst[66..].iter().all(|&b| b == 0xaa));
+    }
+}
