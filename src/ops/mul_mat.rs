@@ -171,7 +171,7 @@ pub fn default_variant(ctx: &GpuContext) -> Variant {
 const ROW_WG: u32 = 64;
 
 /// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
-const KS_ROWS: u32 = 16;
+const KS_ROWS: u32 = 64;
 
 pub(crate) fn pipeline(
     ctx: &GpuContext,

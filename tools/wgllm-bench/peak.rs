@@ -46,6 +46,13 @@ pub fn all_patterns() -> Vec<Pattern> {
             }
         }
     }
+    for entry in ["tex_vec4", "tex_vec4_x4"] {
+        for wg in [8, 64] {
+            for per_inv in [64, 1024] {
+                v.push(Pattern { entry, wg, per_inv });
+            }
+        }
+    }
     for wg in [1, 8, 64] {
         v.push(Pattern {
             entry: "same_addr_vec4",
@@ -109,6 +116,16 @@ fn layout(ctx: &GpuContext) -> wgpu::BindGroupLayout {
                 entry(2, ro),
                 entry(3, wgpu::BufferBindingType::Storage { read_only: false }),
                 entry(4, wgpu::BufferBindingType::Uniform),
+                wgpu::BindGroupLayoutEntry {
+                    binding: 5,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Texture {
+                        sample_type: wgpu::TextureSampleType::Uint,
+                        view_dimension: wgpu::TextureViewDimension::D2,
+                        multisampled: false,
+                    },
+                    count: None,
+                },
             ],
         })
 }
@@ -129,6 +146,7 @@ pub fn measure(
         .map(|i| i.wrapping_mul(2654435761))
         .collect();
     let src = storage_init(ctx, "peak src", &words);
+    let tex_view = texture(ctx, &words);
     drop(words);
     let ubo_init: Vec<u32> = (0..4096 * 4).collect();
     let ubo = ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -191,6 +209,10 @@ pub fn measure(
                 bind(2, &src),
                 bind(3, &ob),
                 bind(4, &ubo),
+                wgpu::BindGroupEntry {
+                    binding: 5,
+                    resource: wgpu::BindingResource::TextureView(&tex_view),
+                },
             ],
         });
         let samples = timer.time(ctx, 1, reps, &|pass| {
@@ -219,6 +241,46 @@ pub fn peak(ctx: &GpuContext, timer: &Timer, bytes: u64, reps: usize) -> Result<
         .into_iter()
         .max_by(|a, b| a.gbps().total_cmp(&b.gbps()))
         .ok_or_else(|| Error::gpu("no read pattern could run on this device"))
+}
+
+/// TEX_W (read_peak.wgsl) texels wide: `words` as rgba32uint texels, row-major.
+fn texture(ctx: &GpuContext, words: &[u32]) -> wgpu::TextureView {
+    const TEX_W: u32 = 4096;
+    let height = ((words.len() / 4) as u32 / TEX_W).clamp(1, ctx.limits.max_texture_dimension_2d);
+    let size = wgpu::Extent3d {
+        width: TEX_W,
+        height,
+        depth_or_array_layers: 1,
+    };
+    let tex = ctx.device.create_texture(&wgpu::TextureDescriptor {
+        label: Some("peak texture"),
+        size,
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba32Uint,
+        usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+        view_formats: &[],
+    });
+    let n = (TEX_W * height * 4) as usize;
+    if words.len() >= n {
+        ctx.queue.write_texture(
+            wgpu::TexelCopyTextureInfo {
+                texture: &tex,
+                mip_level: 0,
+                origin: wgpu::Origin3d::ZERO,
+                aspect: wgpu::TextureAspect::All,
+            },
+            bytemuck::cast_slice(&words[..n]),
+            wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(TEX_W * 16),
+                rows_per_image: Some(height),
+            },
+            size,
+        );
+    }
+    tex.create_view(&wgpu::TextureViewDescriptor::default())
 }
 
 fn bind(binding: u32, b: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {

@@ -115,3 +115,44 @@ fn ubo_vec4(@builtin(global_invocation_id) g: vec3<u32>) {
     }
     out[i] = fold(acc);
 }
+
+// The same per-invocation runs as `run_vec4`, read from an rgba32uint texture (TEX_W
+// texels wide, row-major) with textureLoad: CPU-hosted drivers gather texels with SIMD
+// loads, while storage loads are a loop over the lanes.
+@group(0) @binding(5) var tex: texture_2d<u32>;
+const TEX_W: u32 = 4096u;
+
+fn texel(i: u32) -> vec4<u32> {
+    return textureLoad(tex, vec2<u32>(i & (TEX_W - 1u), i / TEX_W), 0);
+}
+
+@compute @workgroup_size(WG)
+fn tex_vec4(@builtin(global_invocation_id) g: vec3<u32>) {
+    let i = g.x;
+    if (i >= p.n_inv) {
+        return;
+    }
+    let base = i * p.per_inv;
+    var acc = vec4<u32>();
+    for (var k = 0u; k < p.per_inv; k++) {
+        acc += texel(base + k);
+    }
+    out[i] = fold(acc);
+}
+
+@compute @workgroup_size(WG)
+fn tex_vec4_x4(@builtin(global_invocation_id) g: vec3<u32>) {
+    let i = g.x;
+    if (i >= p.n_inv) {
+        return;
+    }
+    let base = i * p.per_inv;
+    var a = vec4<u32>();
+    var b = vec4<u32>();
+    for (var k = 0u; k < p.per_inv; k += 4u) {
+        let j = base + k;
+        a += texel(j) + texel(j + 1u);
+        b += texel(j + 2u) + texel(j + 3u);
+    }
+    out[i] = fold(a + b);
+}
