@@ -1,7 +1,12 @@
 // Attention scores: s[j, t, h] = scale * q[:, h, t] . k[:, h / group, j], with the causal
 // mask (key position after the query's) and the sliding window (query minus key
-// position >= window) set to -inf. One invocation per (key j, token t, head h), for the
-// tokens t0 .. t0 + tn of the batch (a chunk: a batch's scores need not fit at once).
+// position >= window) set to -inf, for the tokens t0 .. t0 + tn of the batch (a chunk: a
+// batch's scores need not fit at once).
+//
+// One invocation per tile of TK keys x TT tokens of one head: each q and k load serves
+// the whole tile (CPU-hosted drivers pay per load, per lane), and a tile wholly after
+// its tokens' positions only writes the mask. TT is 1 for single-token steps (a tile of
+// several tokens would be wasted there) and 4 for batches.
 //
 // q: [head_dim, n_head, n_tokens]; k_cache: [head_dim, n_head_kv, n_ctx] f16, four
 // halves per vec2<u32> (head_dim is a multiple of 4)
@@ -25,30 +30,62 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> scores: array<f32>;
 
 override WG: u32 = 64u;
+// Keys per tile; TT, the tokens per tile, comes before this file (gpu::shaders).
+const TK: u32 = 4u;
+
+fn masked(j: u32, qpos: u32) -> bool {
+    return j > qpos || (p.window > 0u && qpos - j >= p.window);
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let j = gid.x;
-    let t = p.t0 + gid.y;
+    let j0 = gid.x * TK;
+    let r0 = gid.y * TT; // first row of the tile within the chunk
     let h = gid.z;
-    if (j >= step.n_kv || t >= step.n_tokens) {
-        return;
-    }
-    let out = (h * p.tn + gid.y) * step.n_kv + j;
-    let qpos = step.pos + t;
-    if (j > qpos || (p.window > 0u && qpos - j >= p.window)) {
-        scores[out] = -1.0e30;
+    let t_end = min(step.n_tokens, p.t0 + p.tn); // the chunk's end in this batch
+    if (j0 >= step.n_kv || p.t0 + r0 >= t_end) {
         return;
     }
     let hkv = h / (p.n_head / p.n_head_kv);
     let d4 = p.head_dim / 4u;
-    let qb = (t * p.n_head + h) * d4;
-    let kb = (j * p.n_head_kv + hkv) * d4;
-    var s = 0.0;
-    for (var i = 0u; i < d4; i++) {
-        let k4 = k_cache[kb + i];
-        let kf = vec4<f32>(unpack2x16float(k4.x), unpack2x16float(k4.y));
-        s += dot(q[qb + i], kf);
+    // Rows and keys past the ends read the last valid one and are not written.
+    var qb: array<u32, TT>;
+    for (var k = 0u; k < TT; k++) {
+        qb[k] = (min(p.t0 + r0 + k, t_end - 1u) * p.n_head + h) * d4;
     }
-    scores[out] = s * p.scale;
+    var kb: array<u32, TK>;
+    for (var k = 0u; k < TK; k++) {
+        kb[k] = (min(j0 + k, step.n_kv - 1u) * p.n_head_kv + hkv) * d4;
+    }
+    // acc[key][row]
+    var acc: array<array<f32, TT>, TK>;
+    let last_pos = step.pos + min(p.t0 + r0 + TT, t_end) - 1u;
+    if (j0 <= last_pos) {
+        for (var i = 0u; i < d4; i++) {
+            var qv: array<vec4<f32>, TT>;
+            for (var k = 0u; k < TT; k++) {
+                qv[k] = q[qb[k] + i];
+            }
+            for (var kk = 0u; kk < TK; kk++) {
+                let k4 = k_cache[kb[kk] + i];
+                let kf = vec4<f32>(unpack2x16float(k4.x), unpack2x16float(k4.y));
+                for (var k = 0u; k < TT; k++) {
+                    acc[kk][k] += dot(qv[k], kf);
+                }
+            }
+        }
+    }
+    for (var k = 0u; k < TT; k++) {
+        let t = p.t0 + r0 + k;
+        if (t < t_end) {
+            let qpos = step.pos + t;
+            let row = (h * p.tn + r0 + k) * step.n_kv;
+            for (var kk = 0u; kk < TK; kk++) {
+                let j = j0 + kk;
+                if (j < step.n_kv) {
+                    scores[row + j] = select(acc[kk][k] * p.scale, -1.0e30, masked(j, qpos));
+                }
+            }
+        }
+    }
 }

@@ -20,14 +20,25 @@ const REDUCE: &str = wgsl!("common/reduce.wgsl");
 const DOT32_GENERIC: &str = wgsl!("common/quant/dot32_generic.wgsl");
 const DOT64_GENERIC: &str = wgsl!("common/quant/dot64_generic.wgsl");
 
+/// Tokens per tile of the attention kernels: one for single-token steps, four for
+/// batches (a private array's size must be a constant, not an override).
+const TT1: &str = "const TT: u32 = 1u;";
+const TT4: &str = "const TT: u32 = 4u;";
+
 /// Kernels that are the same for every weight type: (name, helpers, body).
 const OPS: &[(&str, &[&str], &str)] = &[
     ("rms_norm", &[STEP, REDUCE], wgsl!("ops/rms_norm.wgsl")),
     ("rope", &[STEP], wgsl!("ops/rope.wgsl")),
     ("kv_store", &[STEP], wgsl!("ops/kv_store.wgsl")),
-    ("attn_scores", &[STEP], wgsl!("ops/attn_scores.wgsl")),
+    ("attn_scores", &[STEP, TT1], wgsl!("ops/attn_scores.wgsl")),
+    (
+        "attn_scores_t4",
+        &[STEP, TT4],
+        wgsl!("ops/attn_scores.wgsl"),
+    ),
     ("softmax", &[STEP, REDUCE], wgsl!("ops/softmax.wgsl")),
-    ("attn_out", &[STEP], wgsl!("ops/attn_out.wgsl")),
+    ("attn_out", &[STEP, TT1], wgsl!("ops/attn_out.wgsl")),
+    ("attn_out_t4", &[STEP, TT4], wgsl!("ops/attn_out.wgsl")),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
     ("glu", &[STEP], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),

@@ -7,6 +7,11 @@ use super::{dispatch, groups, op_pipeline, Dispatch, StepInfo, WG};
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
 
+/// Keys per invocation of `attn_scores` (`TK`) and tokens per invocation of the batch
+/// kernels `attn_scores_t4` and `attn_out_t4` (`TT`).
+const TILE_KEYS: u32 = 4;
+const TILE_TOKENS: u32 = 4;
+
 #[derive(Clone, Copy, Debug)]
 pub struct Attention {
     pub head_dim: u32,
@@ -106,7 +111,8 @@ impl Attention {
 
     /// q: [head_dim, n_head, n_tokens]; caches as `kv_store` writes them;
     /// probs: [n_kv, chunks.tokens, n_head] scratch; out: [head_dim, n_head, n_tokens].
-    /// Three dispatches per chunk; chunks past a step's batch dispatch nothing.
+    /// Five dispatches per chunk, of which a step records three (scores, softmax,
+    /// weighted sum; one- or four-token tiles); chunks past a step's batch record none.
     #[allow(clippy::too_many_arguments)]
     pub fn gpu(
         &self,
@@ -135,7 +141,7 @@ impl Attention {
         [q, k_cache, v_cache, probs, out]: [&wgpu::Buffer; 5],
         c: u32,
         chunks: Chunks,
-    ) -> Result<[Dispatch; 3]> {
+    ) -> Result<[Dispatch; 5]> {
         let n_head = self.n_head;
         let (t0, tn) = (c * chunks.tokens, chunks.tokens);
         // The chunk's tokens in this step's batch; none past its end. The grid never
@@ -152,15 +158,29 @@ impl Attention {
             tn,
             _pad: 0,
         };
-        let scores = dispatch(
-            ctx,
-            "attn_scores",
-            op_pipeline(ctx, "attn_scores")?,
-            step,
-            &sp,
-            &[q, k_cache, probs],
-            move |s| [groups(s.n_kv, WG), rows(s), n_head],
-        )?;
+        // Single-token steps run the one-token tiles, batches the four-token ones; the
+        // other dispatch of each pair has an empty grid and is not recorded.
+        let one = |s: &StepInfo| s.n_tokens == 1;
+        let scores = |name: &str, tt: u32, on: fn(&StepInfo) -> bool| {
+            dispatch(
+                ctx,
+                name,
+                op_pipeline(ctx, name)?,
+                step,
+                &sp,
+                &[q, k_cache, probs],
+                move |s| {
+                    let on = on(s) as u32;
+                    [
+                        groups(s.n_kv, TILE_KEYS * WG) * on,
+                        rows(s).div_ceil(tt),
+                        n_head,
+                    ]
+                },
+            )
+        };
+        let scores1 = scores("attn_scores", 1, one)?;
+        let scores4 = scores("attn_scores_t4", TILE_TOKENS, |s| s.n_tokens != 1)?;
         let softmax = dispatch(
             ctx,
             "softmax",
@@ -185,16 +205,23 @@ impl Attention {
             _pad: [0; 2],
         };
         let hd = self.head_dim;
-        let weighted = dispatch(
-            ctx,
-            "attn_out",
-            op_pipeline(ctx, "attn_out")?,
-            step,
-            &op,
-            &[probs, v_cache, out],
-            move |s| [groups(hd, WG), rows(s), n_head],
-        )?;
-        Ok([scores, softmax, weighted])
+        let weighted = |name: &str, tt: u32, on: fn(&StepInfo) -> bool| {
+            dispatch(
+                ctx,
+                name,
+                op_pipeline(ctx, name)?,
+                step,
+                &op,
+                &[probs, v_cache, out],
+                move |s| {
+                    let on = on(s) as u32;
+                    [groups(hd / 4 * rows(s).div_ceil(tt), WG) * on, 1, n_head]
+                },
+            )
+        };
+        let out1 = weighted("attn_out", 1, one)?;
+        let out4 = weighted("attn_out_t4", TILE_TOKENS, |s| s.n_tokens != 1)?;
+        Ok([scores1, scores4, softmax, out1, out4])
     }
 
     /// CPU reference over f32 caches in the GPU's order (k: [head_dim, n_head_kv, n_ctx],
