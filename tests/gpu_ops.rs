@@ -350,7 +350,8 @@ fn attention_gqa_window_batches() {
                 count: toks.div_ceil(3) + 1,
             };
             for chunks in [Chunks::one(toks), threes] {
-                let probs_len = (nh * chunks.tokens) as usize * n_kv;
+                // Rows of whole vec4s (`attention::probs_row`).
+                let probs_len = (nh * chunks.tokens) as usize * n_kv.next_multiple_of(4);
                 let probs = buffer_with_guard(ctx, &vec![0.0; probs_len], 16);
                 let ob = buffer_with_guard(ctx, &vec![0.0; q.len()], 16);
                 let (kb, vb) = (

@@ -5,3 +5,9 @@ struct Step {
     n_kv: u32,     // positions held in the KV cache after this batch (pos + n_tokens)
     _pad: u32,
 }
+
+// Row stride of the attention probabilities (attn_scores, softmax, attn_out): the
+// cached positions rounded up to whole vec4s. Entries past n_kv hold the mask.
+fn probs_stride() -> u32 {
+    return (step.n_kv + 3u) & ~3u;
+}

@@ -2,7 +2,7 @@
 // show where the model looked: capture[h, j] = probs[j, n_tokens - 1, h]. The probs
 // hold the batch's last chunk of tn tokens, chunks starting at multiples of tn.
 //
-// probs: [n_kv, tn, n_head]; capture: [n_ctx, n_head] (this layer's slice)
+// probs: [probs_stride(), tn, n_head]; capture: [n_ctx, n_head] (this layer's slice)
 
 struct Params {
     n_head: u32,
@@ -27,7 +27,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var v = 0.0;
     if (j < step.n_kv) {
-        v = probs[(h * p.tn + (step.n_tokens - 1u) % p.tn) * step.n_kv + j];
+        v = probs[(h * p.tn + (step.n_tokens - 1u) % p.tn) * probs_stride() + j];
     }
     capture[p.offset + h * p.n_ctx + j] = v;
 }

@@ -1,14 +1,17 @@
 // Attention output: o[d, h, t] = sum_j probs[j, t, h] * v[d, h / group, j] for the chunk
 // of tokens t0 .. t0 + tn. Keys after a query's position have probability 0; a tile
-// stops at its last token's position.
+// stops at its last token's position, rounded up to a whole vec4 of keys (the
+// probabilities past n_kv are 0 too).
 //
-// One invocation per tile of 4 dimensions x TT tokens of one head, so each probability
-// load serves 4 dimensions and each V load TT tokens (CPU-hosted drivers pay per load,
-// per lane). TT is 1 for single-token steps and 4 for batches.
+// One invocation per tile of 4 dimensions x TT tokens of one head, four keys at a time:
+// each vec4 of probabilities serves 4 dimensions and each vec2 of V (four positions)
+// TT tokens (CPU-hosted drivers pay per load, per lane). TT is 1 for single-token steps
+// and 4 for batches.
 //
-// probs: [n_kv, tn, n_head] (row t - t0); v_cache: [stride, head_dim * n_head_kv] f16, two
-// halves per u32 (transposed, stride = n_ctx rounded up to even, as kv_store writes it)
-// out: [head_dim, n_head, n_tokens] f32 (as vec4s; head_dim is a multiple of 4)
+// probs: [probs_stride(), tn, n_head] (row t - t0); v_cache: [stride, head_dim * n_head_kv]
+// f16, four halves per vec2<u32> (transposed, stride = n_ctx rounded up to 4, as
+// kv_store writes it); out: [head_dim, n_head, n_tokens] f32 (as vec4s; head_dim is a
+// multiple of 4)
 
 struct Params {
     head_dim: u32,
@@ -23,12 +26,18 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> probs: array<f32>;
-@group(0) @binding(3) var<storage, read> v_cache: array<u32>;
+@group(0) @binding(2) var<storage, read> probs: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
 override WG: u32 = 64u;
 // TT, the tokens per tile, comes before this file (gpu::shaders).
+
+// Positions j .. j + 3 of one V row (vec2 index `i`) as floats.
+fn v4(i: u32) -> vec4<f32> {
+    let w = v_cache[i];
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -43,38 +52,27 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let hkv = h / (p.n_head / p.n_head_kv);
+    let n4 = probs_stride() / 4u;
     var pb: array<u32, TT>;
     for (var k = 0u; k < TT; k++) {
-        pb[k] = (h * p.tn + min(r0 + k, t_end - 1u - p.t0)) * step.n_kv;
+        pb[k] = (h * p.tn + min(r0 + k, t_end - 1u - p.t0)) * n4;
     }
-    // u32 index of (dimension d0 + i, key 0); the stride is even.
-    let vb = (hkv * p.head_dim + d0) * (p.stride / 2u);
-    let vs = p.stride / 2u;
-    // Keys up to the tile's last token's position.
-    let n = min(step.pos + min(p.t0 + r0 + TT, t_end), step.n_kv);
+    // vec2 index of (dimension d0, position 0) and the distance between dimensions.
+    let vs = p.stride / 4u;
+    let vb = (hkv * p.head_dim + d0) * vs;
+    // Whole vec4s of keys up to the tile's last token's position.
+    let n = (min(step.pos + min(p.t0 + r0 + TT, t_end), step.n_kv) + 3u) / 4u;
     var acc: array<vec4<f32>, TT>;
-    for (var j = 0u; j + 1u < n; j += 2u) {
-        let jw = j / 2u;
-        let a = unpack2x16float(v_cache[vb + jw]);
-        let b = unpack2x16float(v_cache[vb + vs + jw]);
-        let c = unpack2x16float(v_cache[vb + 2u * vs + jw]);
-        let e = unpack2x16float(v_cache[vb + 3u * vs + jw]);
-        let v0 = vec4<f32>(a.x, b.x, c.x, e.x);
-        let v1 = vec4<f32>(a.y, b.y, c.y, e.y);
+    for (var j = 0u; j < n; j++) {
+        // v[dim i][key j4 + c] for the tile's 4 dimensions.
+        let a = v4(vb + j);
+        let b = v4(vb + vs + j);
+        let c = v4(vb + 2u * vs + j);
+        let e = v4(vb + 3u * vs + j);
         for (var k = 0u; k < TT; k++) {
-            acc[k] += probs[pb[k] + j] * v0 + probs[pb[k] + j + 1u] * v1;
-        }
-    }
-    if ((n & 1u) != 0u) {
-        let jw = (n - 1u) / 2u;
-        let v0 = vec4<f32>(
-            unpack2x16float(v_cache[vb + jw]).x,
-            unpack2x16float(v_cache[vb + vs + jw]).x,
-            unpack2x16float(v_cache[vb + 2u * vs + jw]).x,
-            unpack2x16float(v_cache[vb + 3u * vs + jw]).x,
-        );
-        for (var k = 0u; k < TT; k++) {
-            acc[k] += probs[pb[k] + n - 1u] * v0;
+            let pr = probs[pb[k] + j];
+            acc[k] += pr.x * vec4<f32>(a.x, b.x, c.x, e.x) + pr.y * vec4<f32>(a.y, b.y, c.y, e.y)
+                + pr.z * vec4<f32>(a.z, b.z, c.z, e.z) + pr.w * vec4<f32>(a.w, b.w, c.w, e.w);
         }
     }
     for (var k = 0u; k < TT; k++) {

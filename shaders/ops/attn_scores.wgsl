@@ -10,7 +10,8 @@
 //
 // q: [head_dim, n_head, n_tokens]; k_cache: [head_dim, n_head_kv, n_ctx] f16, four
 // halves per vec2<u32> (head_dim is a multiple of 4)
-// scores: [n_kv, tn, n_head] f32 (row stride step.n_kv), row t - t0
+// scores: [probs_stride(), tn, n_head] f32, row t - t0; entries n_kv .. probs_stride() hold
+// the mask
 
 struct Params {
     head_dim: u32,
@@ -75,14 +76,15 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
         }
     }
+    let stride = probs_stride();
     for (var k = 0u; k < TT; k++) {
         let t = p.t0 + r0 + k;
         if (t < t_end) {
             let qpos = step.pos + t;
-            let row = (h * p.tn + r0 + k) * step.n_kv;
+            let row = (h * p.tn + r0 + k) * stride;
             for (var kk = 0u; kk < TK; kk++) {
                 let j = j0 + kk;
-                if (j < step.n_kv) {
+                if (j < stride) {
                     scores[row + j] = select(acc[kk][k] * p.scale, -1.0e30, masked(j, qpos));
                 }
             }

@@ -1,7 +1,8 @@
 // Row-wise softmax in place over the attention scores, one workgroup per (token, head) row
-// of a chunk of tokens t0 .. t0 + tn. Masked entries hold -1e30 and come out as 0.
+// of a chunk of tokens t0 .. t0 + tn. Masked entries hold -1e30 and come out as 0; rows
+// are whole vec4s (probs_stride), read and written as such.
 //
-// scores: [n_kv, tn, n_head] f32
+// scores: [probs_stride(), tn, n_head] f32
 
 struct Params {
     n_head: u32,
@@ -12,7 +13,7 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(2) var<storage, read_write> scores: array<vec4<f32>>;
 
 const WG: u32 = 64u;
 var<workgroup> partial: array<f32, WG>;
@@ -24,20 +25,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (p.t0 + t >= step.n_tokens || h >= p.n_head) {
         return;
     }
-    let n = step.n_kv;
+    let n = probs_stride() / 4u;
     let base = (h * p.tn + t) * n;
-    var m = -3.0e38;
+    var m4 = vec4<f32>(-3.0e38);
     for (var j = li; j < n; j += WG) {
-        m = max(m, scores[base + j]);
+        m4 = max(m4, scores[base + j]);
     }
-    m = workgroup_max(li, m);
-    var s = 0.0;
+    let m = workgroup_max(li, max(max(m4.x, m4.y), max(m4.z, m4.w)));
+    var s4 = vec4<f32>();
     for (var j = li; j < n; j += WG) {
         let e = exp(scores[base + j] - m);
         scores[base + j] = e;
-        s += e;
+        s4 += e;
     }
-    s = workgroup_sum(li, s);
+    let s = workgroup_sum(li, s4.x + s4.y + s4.z + s4.w);
     let inv = 1.0 / s;
     for (var j = li; j < n; j += WG) {
         scores[base + j] *= inv;

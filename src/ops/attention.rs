@@ -60,7 +60,7 @@ struct OutParams {
 }
 
 /// How a batch's attention is cut into chunks of tokens, each chunk's probabilities
-/// ([n_kv, tokens, n_head]) written, normalised and used before the next's: the scratch
+/// ([n_kv rounded up to 4, tokens, n_head]) written, normalised and used before the next's: the scratch
 /// holds one chunk, not the batch (a batch of 512 at a context of 4096 would need
 /// 8 MiB per head).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +75,7 @@ impl Chunks {
     /// Chunks for batches of up to `max_batch` tokens whose probabilities for a context
     /// of `n_ctx` take at most `budget` bytes (and at least one token's).
     pub fn new(n_head: u32, n_ctx: u32, max_batch: u32, budget: u64) -> Chunks {
-        let per_token = (n_head as u64 * n_ctx as u64 * 4).max(1);
+        let per_token = (n_head as u64 * probs_row(n_ctx) * 4).max(1);
         let tokens = (budget / per_token).clamp(1, max_batch.max(1) as u64) as u32;
         Chunks {
             tokens,
@@ -93,8 +93,14 @@ impl Chunks {
 
     /// Bytes of the probabilities scratch for a context of `n_ctx`.
     pub fn probs_bytes(&self, n_head: u32, n_ctx: u32) -> u64 {
-        n_head as u64 * n_ctx as u64 * self.tokens as u64 * 4
+        n_head as u64 * probs_row(n_ctx) * self.tokens as u64 * 4
     }
+}
+
+/// Probabilities per (token, head) row for `n_kv` cached positions: rounded up to whole
+/// vec4s (`probs_stride` in common/step.wgsl).
+pub fn probs_row(n_kv: u32) -> u64 {
+    n_kv.next_multiple_of(4) as u64
 }
 
 impl Attention {
