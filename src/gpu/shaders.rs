@@ -24,6 +24,7 @@ const DOT64_GENERIC: &str = wgsl!("common/quant/dot64_generic.wgsl");
 /// batches (a private array's size must be a constant, not an override).
 const TT1: &str = "const TT: u32 = 1u;";
 const TT4: &str = "const TT: u32 = 4u;";
+const TT8: &str = "const TT: u32 = 8u;";
 
 /// Kernels that are the same for every weight type: (name, helpers, body).
 const OPS: &[(&str, &[&str], &str)] = &[
@@ -38,7 +39,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ),
     ("softmax", &[STEP, REDUCE], wgsl!("ops/softmax.wgsl")),
     ("attn_out", &[STEP, TT1], wgsl!("ops/attn_out.wgsl")),
-    ("attn_out_t4", &[STEP, TT4], wgsl!("ops/attn_out.wgsl")),
+    ("attn_out_t8", &[STEP, TT8], wgsl!("ops/attn_out.wgsl")),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
     ("glu", &[STEP], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),

@@ -11,6 +11,7 @@ use crate::{Error, Result};
 /// kernels `attn_scores_t4` and `attn_out_t4` (`TT`).
 const TILE_KEYS: u32 = 4;
 const TILE_TOKENS: u32 = 4;
+const OUT_TILE_TOKENS: u32 = 8;
 
 #[derive(Clone, Copy, Debug)]
 pub struct Attention {
@@ -226,7 +227,7 @@ impl Attention {
             )
         };
         let out1 = weighted("attn_out", 1, one)?;
-        let out4 = weighted("attn_out_t4", TILE_TOKENS, |s| s.n_tokens != 1)?;
+        let out4 = weighted("attn_out_t8", OUT_TILE_TOKENS, |s| s.n_tokens != 1)?;
         Ok([scores1, scores4, softmax, out1, out4])
     }
 
