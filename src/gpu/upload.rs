@@ -177,7 +177,7 @@ fn upload_rows(
 /// Usage of a weight buffer. With unified memory it is mappable, so the mapped range
 /// written at creation is the buffer itself; elsewhere wgpu stages the bytes and copies
 /// them at the next submission (see [`flush_uploads`]).
-fn weight_usage(ctx: &GpuContext) -> wgpu::BufferUsages {
+pub fn weight_usage(ctx: &GpuContext) -> wgpu::BufferUsages {
     let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
     if ctx.unified {
         usage | wgpu::BufferUsages::MAP_WRITE

@@ -4,6 +4,7 @@
 //!   wgllm-bench model -m MODEL [-p 512] [-n 128] [-r 5] [-ngl N] [-b N] [--json]
 //!   wgllm-bench peak [--all]
 //!   wgllm-bench synth --arch llama --size 1b --type q4_0 [--pure] [--layers N] -o FILE
+//!   wgllm-bench upload [--mib 64]
 
 mod kernels;
 mod model;
@@ -11,6 +12,7 @@ mod peak;
 mod report;
 mod synth;
 mod timing;
+mod upload;
 
 use clap::{Parser, Subcommand};
 
@@ -33,6 +35,8 @@ enum Cmd {
     Model(model::ModelArgs),
     /// Write a llama GGUF with random weights in a real size class (1b, 8b).
     Synth(synth::SynthArgs),
+    /// Weight upload bandwidth against the device's write bandwidth.
+    Upload(upload::UploadArgs),
 }
 
 #[derive(clap::Args)]
@@ -60,6 +64,7 @@ fn main() {
         Cmd::Kernels(a) => report::run_kernels(&a),
         Cmd::Model(a) => model::run(&a),
         Cmd::Synth(a) => synth::run(&a),
+        Cmd::Upload(a) => upload::run(&a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
