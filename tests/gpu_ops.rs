@@ -11,7 +11,7 @@ use wgllm::ops::attention::{Attention, Chunks};
 use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns};
 use wgllm::ops::rope::{Rope, RopeMode};
-use wgllm::ops::{add, get_rows, kv_store, rms_norm, StepInfo};
+use wgllm::ops::{add, get_rows, kv_store, rms_norm, StepInfo, Store};
 use wgllm::quant::{self, GgmlType};
 
 const GPU_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
@@ -66,7 +66,7 @@ fn check_mul_mat(
     let sb = step_buffer(ctx, &step);
     let xb = buffer_with_guard(ctx, &x, 0);
     let yb = buffer_with_guard(ctx, &vec![0.0; want.len()], 64);
-    let d = mul_mat::gpu(ctx, &sb, &gw, &xb, &yb, cols).expect("build");
+    let d = mul_mat::gpu(ctx, &sb, &gw, &xb, &yb, cols, Store::Write).expect("build");
     run(ctx, &d, &step);
     let got = read_checked(ctx, &yb, want.len(), 64);
     let e = nmse(&got, &want);
@@ -196,15 +196,21 @@ fn rms_norm_rows() {
             let step = StepInfo::new(0, toks as u32);
             let sb = step_buffer(ctx, &step);
             let (xb, wb) = (buffer_with_guard(ctx, &x, 0), buffer_with_guard(ctx, &w, 0));
-            let yb = buffer_with_guard(ctx, &vec![0.0; x.len()], 16);
-            let d = rms_norm::gpu(ctx, &sb, &xb, &wb, &yb, n as u32, rows as u32, 1e-5).unwrap();
-            run(ctx, &[d], &step);
-            let got = read_checked(ctx, &yb, x.len(), 16);
-            assert!(
-                nmse(&got, &want) < 1e-10,
-                "rms_norm n={n} on {}",
-                label(ctx)
-            );
+            // Written, and added to a residual stream (y0 + the norm).
+            let y0 = rng.vec(x.len(), 1.0);
+            for (store, start) in [(Store::Write, vec![0.0; x.len()]), (Store::Add, y0.clone())] {
+                let yb = buffer_with_guard(ctx, &start, 16);
+                let (n32, r32) = (n as u32, rows as u32);
+                let d = rms_norm::gpu(ctx, &sb, &xb, &wb, &yb, n32, r32, 1e-5, store).unwrap();
+                run(ctx, &[d], &step);
+                let got = read_checked(ctx, &yb, x.len(), 16);
+                let want: Vec<f32> = want.iter().zip(&start).map(|(a, b)| a + b).collect();
+                assert!(
+                    nmse(&got, &want) < 1e-10,
+                    "rms_norm n={n} {store:?} on {}",
+                    label(ctx)
+                );
+            }
         }
     }
 }

@@ -8,7 +8,7 @@ use common::*;
 use wgllm::gguf::TensorInfo;
 use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
 use wgllm::ops::mul_mat::{self, Columns, Variant, Window};
-use wgllm::ops::StepInfo;
+use wgllm::ops::{StepInfo, Store};
 use wgllm::quant::{self, GgmlType};
 
 const GPU_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
@@ -41,6 +41,21 @@ fn check(
     n_tokens: usize,
     cols: Columns,
 ) {
+    check_store(ctx, v, ty, n_rows, n_cols, n_tokens, cols, Store::Write);
+}
+
+/// As [`check`]; with `Store::Add` y starts random and must end as that plus W x.
+#[allow(clippy::too_many_arguments)]
+fn check_store(
+    ctx: &GpuContext,
+    v: Variant,
+    ty: GgmlType,
+    n_rows: usize,
+    n_cols: usize,
+    n_tokens: usize,
+    cols: Columns,
+    store: Store,
+) {
     let w = weight(ty, n_rows, n_cols, (n_rows * 17 + n_cols) as u64);
     let x = Rng::new(5).vec(n_cols * n_tokens, 1.0);
     let mut want = vec![0f32; n_rows * n_tokens];
@@ -48,18 +63,27 @@ fn check(
     if cols == Columns::Last {
         want = want[(n_tokens - 1) * n_rows..].to_vec();
     }
+    let y0 = match store {
+        Store::Write => vec![0.0; want.len()],
+        Store::Add => Rng::new(9).vec(want.len(), 1.0),
+    };
+    if store == Store::Add {
+        for (a, b) in want.iter_mut().zip(&y0) {
+            *a += b;
+        }
+    }
     let gw = upload(ctx, ty, n_rows, n_cols, &w);
     let step = StepInfo::new(0, n_tokens as u32);
     let sb = step_buffer(ctx, &step);
     let xb = buffer_with_guard(ctx, &x, 0);
-    let yb = buffer_with_guard(ctx, &vec![0.0; want.len()], 64);
-    let d = mul_mat::gpu_variant(ctx, v, &sb, &gw, &xb, &yb, cols).expect("build");
+    let yb = buffer_with_guard(ctx, &y0, 64);
+    let d = mul_mat::gpu_variant(ctx, v, &sb, &gw, &xb, &yb, cols, store).expect("build");
     run(ctx, &d, &step);
     let got = read_checked(ctx, &yb, want.len(), 64);
     let e = nmse(&got, &want);
     assert!(
         e < 1e-10,
-        "mul_mat[{}] {ty} {n_rows}x{n_cols} x{n_tokens} {cols:?} on {}: nmse {e:e}",
+        "mul_mat[{}] {ty} {n_rows}x{n_cols} x{n_tokens} {cols:?} {store:?} on {}: nmse {e:e}",
         v.name(),
         label(ctx)
     );
@@ -80,6 +104,8 @@ fn variants_small_block_types() {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }
                 check(ctx, v, ty, 70, 64, 6, Columns::Last);
+                // Into a residual stream: a tile of 8 and a single token.
+                check_store(ctx, v, ty, 67, 96, 9, Columns::All, Store::Add);
             }
         }
     }
@@ -94,6 +120,7 @@ fn variants_k_quants() {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }
                 check(ctx, v, ty, 70, 512, 6, Columns::Last);
+                check_store(ctx, v, ty, 67, 512, 9, Columns::All, Store::Add);
             }
         }
     }

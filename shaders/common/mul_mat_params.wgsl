@@ -16,3 +16,15 @@ struct Params {
     tok0: u32,       // first output token of this dispatch
     tok_n: u32,      // most output tokens of this dispatch
 }
+
+// true: the product is added to y (the residual stream) instead of replacing it, which
+// saves the separate add and its dispatch.
+override ACC: bool = false;
+
+fn store_y(i: u32, v: f32) {
+    if (ACC) {
+        y[i] += v;
+    } else {
+        y[i] = v;
+    }
+}

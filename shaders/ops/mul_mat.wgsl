@@ -44,7 +44,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
         }
         for (var t = 0u; t < nt; t++) {
-            y[(t0 + t) * p.y_stride + p.row0 + r] = acc[t];
+            store_y((t0 + t) * p.y_stride + p.row0 + r, acc[t]);
         }
     }
 }

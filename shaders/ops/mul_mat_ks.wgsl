@@ -100,8 +100,8 @@ fn main(
             let s2 = subgroupAdd(acc2[i]);
             if (l == 0u && i < nr) {
                 for (var k = 0u; k < 4u; k++) {
-                    y[(t + k) * p.y_stride + out0 + i] = s[k];
-                    y[(t + 4u + k) * p.y_stride + out0 + i] = s2[k];
+                    store_y((t + k) * p.y_stride + out0 + i, s[k]);
+                    store_y((t + 4u + k) * p.y_stride + out0 + i, s2[k]);
                 }
             }
         }
@@ -131,7 +131,7 @@ fn main(
         for (var i = 0u; i < ROWS; i++) {
             let s = subgroupAdd(acc[i]);
             if (l == 0u && i < nr) {
-                y[t * p.y_stride + out0 + i] = s;
+                store_y(t * p.y_stride + out0 + i, s);
             }
         }
     }

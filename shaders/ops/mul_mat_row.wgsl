@@ -52,6 +52,6 @@ fn partial(r: u32, t0: u32, nt: u32, l: u32) -> vec4<f32> {
 
 fn store(r: u32, t0: u32, nt: u32, s: vec4<f32>) {
     for (var t = 0u; t < nt; t++) {
-        y[(t0 + t) * p.y_stride + p.row0 + r] = s[t];
+        store_y((t0 + t) * p.y_stride + p.row0 + r, s[t]);
     }
 }

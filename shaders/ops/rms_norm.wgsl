@@ -1,4 +1,5 @@
-// RMS normalisation of rows, times a weight: y = x / sqrt(mean(x^2) + eps) * w.
+// RMS normalisation of rows, times a weight: y = x / sqrt(mean(x^2) + eps) * w, or
+// y += that with ACC (a post-norm into the residual stream).
 // One workgroup per row; rows are `rows_per_token` per token (1 for the residual stream,
 // n_head for per-head Q/K norms).
 //
@@ -18,6 +19,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
 const WG: u32 = 64u;
+override ACC: bool = false;
 var<workgroup> partial: array<f32, WG>;
 
 @compute @workgroup_size(WG)
@@ -35,6 +37,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let total = workgroup_sum(li, s);
     let inv = inverseSqrt(total / f32(p.n) + p.eps);
     for (var i = li; i < p.n; i += WG) {
-        y[base + i] = x[base + i] * inv * wt[i];
+        let v = x[base + i] * inv * wt[i];
+        if (ACC) {
+            y[base + i] += v;
+        } else {
+            y[base + i] = v;
+        }
     }
 }

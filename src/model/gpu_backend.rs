@@ -15,7 +15,7 @@ use crate::ops::attention::{Attention, Chunks};
 use crate::ops::glu::Activation;
 use crate::ops::mul_mat::Columns;
 use crate::ops::rope::Rope;
-use crate::ops::{self, Dispatch, StepInfo};
+use crate::ops::{self, Dispatch, StepInfo, Store};
 use crate::{Error, Result};
 
 /// The most bytes of attention probabilities a batch keeps at once (see [`Chunks`]).
@@ -57,7 +57,7 @@ impl Ops for Recorder<'_> {
         eps: f32,
     ) -> Result<()> {
         let wb = single(w)?;
-        let d = ops::rms_norm::gpu(self.ctx, self.step, x, wb, y, n, rows, eps)?;
+        let d = ops::rms_norm::gpu(self.ctx, self.step, x, wb, y, n, rows, eps, Store::Write)?;
         self.plan.push(d);
         Ok(())
     }
@@ -69,7 +69,7 @@ impl Ops for Recorder<'_> {
         y: &wgpu::Buffer,
         cols: Columns,
     ) -> Result<()> {
-        let d = ops::mul_mat::gpu(self.ctx, self.step, w, x, y, cols)?;
+        let d = ops::mul_mat::gpu(self.ctx, self.step, w, x, y, cols, Store::Write)?;
         self.plan.extend(d);
         Ok(())
     }
@@ -129,6 +129,36 @@ impl Ops for Recorder<'_> {
 
     fn add(&mut self, x: &wgpu::Buffer, y: &wgpu::Buffer, n: u32) -> Result<()> {
         let d = ops::add::gpu(self.ctx, self.step, x, y, n)?;
+        self.plan.push(d);
+        Ok(())
+    }
+
+    // The fused forms: each dispatch costs tens of microseconds on CPU-hosted drivers,
+    // whatever its size.
+    fn mul_mat_add(
+        &mut self,
+        w: &GpuTensor,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        _tmp: &wgpu::Buffer,
+        _n: u32,
+    ) -> Result<()> {
+        let d = ops::mul_mat::gpu(self.ctx, self.step, w, x, y, Columns::All, Store::Add)?;
+        self.plan.extend(d);
+        Ok(())
+    }
+
+    fn rms_norm_add(
+        &mut self,
+        x: &wgpu::Buffer,
+        p: &wgpu::Buffer,
+        w: &GpuTensor,
+        _tmp: &wgpu::Buffer,
+        n: u32,
+        eps: f32,
+    ) -> Result<()> {
+        let wb = single(w)?;
+        let d = ops::rms_norm::gpu(self.ctx, self.step, p, wb, x, n, 1, eps, Store::Add)?;
         self.plan.push(d);
         Ok(())
     }

@@ -60,6 +60,35 @@ pub trait Ops {
     ) -> Result<()>;
     /// x += y over `n` elements per token.
     fn add(&mut self, x: &Self::Act, y: &Self::Act, n: u32) -> Result<()>;
+
+    /// y += W x, W having `n` rows; `tmp` ([n, n_tokens]) holds the product where the
+    /// backend has no fused form.
+    fn mul_mat_add(
+        &mut self,
+        w: &Self::Weight,
+        x: &Self::Act,
+        y: &Self::Act,
+        tmp: &Self::Act,
+        n: u32,
+    ) -> Result<()> {
+        self.mul_mat(w, x, tmp, Columns::All)?;
+        self.add(y, tmp, n)
+    }
+
+    /// x += rms_norm(p) * w over rows of `n` (one per token); `tmp` holds the norm where
+    /// the backend has no fused form.
+    fn rms_norm_add(
+        &mut self,
+        x: &Self::Act,
+        p: &Self::Act,
+        w: &Self::Weight,
+        tmp: &Self::Act,
+        n: u32,
+        eps: f32,
+    ) -> Result<()> {
+        self.rms_norm(p, w, tmp, n, 1, eps)?;
+        self.add(x, tmp, n)
+    }
 }
 
 /// One block's weights. Shapes in ggml order.
@@ -174,30 +203,31 @@ pub fn layer<O: Ops>(
         &s.attn,
         &attention_of(cfg, il, n_ctx),
     )?;
-    o.mul_mat(&w.wo, &s.attn, &s.proj, Columns::All)?;
-    residual(o, cfg, &w.post_attn_norm, s)?;
+    residual(o, cfg, &w.wo, &s.attn, &w.post_attn_norm, s)?;
     // Feed-forward.
     o.rms_norm(&s.x, &w.ffn_norm, &s.xn, n_embd, 1, eps)?;
     o.mul_mat(&w.gate, &s.xn, &s.gate, Columns::All)?;
     o.mul_mat(&w.up, &s.xn, &s.up, Columns::All)?;
     o.glu(&s.gate, &s.up, &s.ffn, cfg.n_ff, cfg.act)?;
-    o.mul_mat(&w.down, &s.ffn, &s.proj, Columns::All)?;
-    residual(o, cfg, &w.post_ffn_norm, s)
+    residual(o, cfg, &w.down, &s.ffn, &w.post_ffn_norm, s)
 }
 
-/// x += proj, through the post-norm when the architecture has one.
+/// x += W input, through the post-norm when the architecture has one (the product goes
+/// to `s.proj` first then).
 fn residual<O: Ops>(
     o: &mut O,
     cfg: &Config,
+    w: &O::Weight,
+    input: &O::Act,
     post_norm: &Option<O::Weight>,
     s: &Scratch<O::Act>,
 ) -> Result<()> {
     match post_norm {
         Some(pn) => {
-            o.rms_norm(&s.proj, pn, &s.xn, cfg.n_embd, 1, cfg.eps)?;
-            o.add(&s.x, &s.xn, cfg.n_embd)
+            o.mul_mat(w, input, &s.proj, Columns::All)?;
+            o.rms_norm_add(&s.x, &s.proj, pn, &s.xn, cfg.n_embd, cfg.eps)
         }
-        None => o.add(&s.x, &s.proj, cfg.n_embd),
+        None => o.mul_mat_add(w, input, &s.x, &s.proj, cfg.n_embd),
     }
 }
 

@@ -44,6 +44,14 @@ impl StepInfo {
     }
 }
 
+/// What a kernel does with its output: replace it, or add to it (the residual stream,
+/// saving a separate add and its dispatch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Store {
+    Write,
+    Add,
+}
+
 type GridFn = Box<dyn Fn(&StepInfo) -> [u32; 3] + Send + Sync>;
 
 /// One kernel bound to its buffers; recorded into a compute pass each step with a grid

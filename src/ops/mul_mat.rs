@@ -31,6 +31,8 @@ pub enum Columns {
     Last,
 }
 
+pub use super::Store;
+
 /// Kernel variants of `mul_mat`; all compute the same product and are tested against
 /// [`reference`]. Which one runs is chosen per device by [`variant`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -177,9 +179,10 @@ pub(crate) fn pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
+    store: Store,
 ) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
     let label = format!("{}_{ty}", v.shader());
-    let consts: Vec<(&str, f64)> = match v {
+    let mut consts: Vec<(&str, f64)> = match v {
         Variant::Row => vec![("WG", WG as f64)],
         Variant::Win | Variant::WinU => {
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
@@ -194,6 +197,7 @@ pub(crate) fn pipeline(
             ]
         }
     };
+    consts.push(("ACC", (store == Store::Add) as u8 as f64));
     // The windowed variants bind the weights once, as vec4s, and lay out on their own.
     let layout = match v {
         Variant::Win | Variant::WinU => None,
@@ -279,8 +283,10 @@ fn tokens_per_xu(ctx: &GpuContext, n_cols: u64) -> u64 {
     cap / (n_cols * 4).max(1)
 }
 
-/// y = W x; W: [n_cols, n_rows] (any part layout), x: [n_cols, n_tokens], y: [n_rows, ..].
-/// One dispatch per part of W, with the variant [`variant`] picks for `ctx`.
+/// y = W x (or y += W x); W: [n_cols, n_rows] (any part layout), x: [n_cols, n_tokens],
+/// y: [n_rows, ..]. One dispatch per part of W, with the variant [`variant`] picks for
+/// `ctx`.
+#[allow(clippy::too_many_arguments)]
 pub fn gpu(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
@@ -288,11 +294,13 @@ pub fn gpu(
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     cols: Columns,
+    store: Store,
 ) -> Result<Vec<Dispatch>> {
-    gpu_variant(ctx, variant(ctx, w.ty)?, step, w, x, y, cols)
+    gpu_variant(ctx, variant(ctx, w.ty)?, step, w, x, y, cols, store)
 }
 
 /// [`gpu`] with an explicit variant (tests, benchmarks).
+#[allow(clippy::too_many_arguments)]
 pub fn gpu_variant(
     ctx: &GpuContext,
     v: Variant,
@@ -301,6 +309,7 @@ pub fn gpu_variant(
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     cols: Columns,
+    store: Store,
 ) -> Result<Vec<Dispatch>> {
     if w.n_cols() % 32 != 0 {
         return Err(Error::Unsupported(format!(
@@ -323,7 +332,7 @@ pub fn gpu_variant(
     };
     let per_xu = tokens_per_xu(ctx, w.n_cols());
     if matches!(v, Variant::WinU | Variant::KsU) && per_xu > 0 {
-        return gpu_uniform_x(ctx, v, step, w, x, y, cols, per_xu);
+        return gpu_uniform_x(ctx, v, step, w, x, y, cols, per_xu, store);
     }
     // Rows too long for the uniform buffer: the same walk with storage activations.
     let v = match v {
@@ -331,7 +340,7 @@ pub fn gpu_variant(
         Variant::KsU => Variant::Ks,
         v => v,
     };
-    let pipe = pipeline(ctx, w.ty, v)?;
+    let pipe = pipeline(ctx, w.ty, v, store)?;
     let window = match v {
         Variant::Win => Some(Window::of(w.ty)?),
         _ => None,
@@ -429,8 +438,9 @@ fn gpu_uniform_x(
     y: &wgpu::Buffer,
     cols: Columns,
     per_xu: u64,
+    store: Store,
 ) -> Result<Vec<Dispatch>> {
-    let pipe = pipeline(ctx, w.ty, v)?;
+    let pipe = pipeline(ctx, w.ty, v, store)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let win = match v {
         Variant::WinU => Window::of(w.ty)?,

@@ -1,6 +1,6 @@
 //! RMS normalisation times a weight (`shaders/ops/rms_norm.wgsl`).
 
-use super::{dispatch, op_pipeline, Dispatch};
+use super::{dispatch, Dispatch, Store};
 use crate::gpu::GpuContext;
 use crate::Result;
 
@@ -13,7 +13,8 @@ pub struct Params {
     pub _pad: u32,
 }
 
-/// y = rms_norm(x) * w over rows of `n`; x, y: [n, rows_per_token, n_tokens], w: [n].
+/// y = rms_norm(x) * w (or y += that) over rows of `n`; x, y: [n, rows_per_token,
+/// n_tokens], w: [n].
 #[allow(clippy::too_many_arguments)]
 pub fn gpu(
     ctx: &GpuContext,
@@ -24,6 +25,7 @@ pub fn gpu(
     n: u32,
     rows_per_token: u32,
     eps: f32,
+    store: Store,
 ) -> Result<Dispatch> {
     let p = Params {
         n,
@@ -31,7 +33,10 @@ pub fn gpu(
         eps,
         _pad: 0,
     };
-    let pipe = op_pipeline(ctx, "rms_norm")?;
+    let acc = [("ACC", (store == Store::Add) as u8 as f64)];
+    let pipe = ctx.pipelines.get(&ctx.device, "rms_norm", &acc, || {
+        crate::gpu::shaders::op_source("rms_norm")
+    })?;
     dispatch(ctx, "rms_norm", pipe, step, &p, &[x, w, y], move |s| {
         [rows_per_token, s.n_tokens, 1]
     })

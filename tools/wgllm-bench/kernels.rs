@@ -227,7 +227,16 @@ fn one(
     let sb = wgllm::ops::uniform_for_tests(ctx, &step);
     let xb = storage_init(ctx, "bench x", &x);
     let yb = storage(ctx, "bench y", n * batch as u64 * 4)?;
-    let ds = mul_mat::gpu_variant(ctx, v, &sb, gw, &xb, &yb, Columns::All)?;
+    let ds = mul_mat::gpu_variant(
+        ctx,
+        v,
+        &sb,
+        gw,
+        &xb,
+        &yb,
+        Columns::All,
+        mul_mat::Store::Write,
+    )?;
     let record = |pass: &mut wgpu::ComputePass<'_>| {
         for d in &ds {
             d.record(pass, &step);
