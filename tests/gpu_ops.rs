@@ -247,6 +247,29 @@ fn rope_both_modes() {
                     "rope {mode:?} hd={hd} pos={pos} on {}: {e:e}",
                     label(ctx)
                 );
+                // Q and K of a layer in one dispatch (K with fewer heads).
+                let k_heads = heads.div_ceil(3);
+                let k = Rng::new(hd as u64 + 1).vec((hd * k_heads * toks) as usize, 1.0);
+                let mut want_k = k.clone();
+                Rope {
+                    n_heads: k_heads,
+                    ..r
+                }
+                .reference(&mut want_k, pos);
+                let (qb, kb) = (
+                    buffer_with_guard(ctx, &x, 16),
+                    buffer_with_guard(ctx, &k, 16),
+                );
+                let d = r.gpu_pair(ctx, &sb, &qb, Some((&kb, k_heads))).unwrap();
+                run(ctx, &[d], &step);
+                let got_q = read_checked(ctx, &qb, x.len(), 16);
+                let got_k = read_checked(ctx, &kb, k.len(), 16);
+                let e = nmse(&got_q, &want).max(nmse(&got_k, &want_k));
+                assert!(
+                    e < 1e-9,
+                    "rope pair {mode:?} hd={hd} pos={pos} on {}: {e:e}",
+                    label(ctx)
+                );
             }
         }
     }

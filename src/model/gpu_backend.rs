@@ -80,6 +80,18 @@ impl Ops for Recorder<'_> {
         Ok(())
     }
 
+    fn rope_qk(
+        &mut self,
+        q: &wgpu::Buffer,
+        k: &wgpu::Buffer,
+        rope: &Rope,
+        k_heads: u32,
+    ) -> Result<()> {
+        let d = rope.gpu_pair(self.ctx, self.step, q, Some((k, k_heads)))?;
+        self.plan.push(d);
+        Ok(())
+    }
+
     fn attention(
         &mut self,
         il: usize,

@@ -39,6 +39,18 @@ pub trait Ops {
     ) -> Result<()>;
     /// RoPE in place.
     fn rope(&mut self, x: &Self::Act, rope: &Rope) -> Result<()>;
+
+    /// RoPE in place on a layer's Q (`rope`'s heads) and K (`k_heads` heads).
+    fn rope_qk(&mut self, q: &Self::Act, k: &Self::Act, rope: &Rope, k_heads: u32) -> Result<()> {
+        self.rope(q, rope)?;
+        self.rope(
+            k,
+            &Rope {
+                n_heads: k_heads,
+                ..*rope
+            },
+        )
+    }
     /// Append k, v to layer `il`'s cache and attend with q into `out`.
     fn attention(
         &mut self,
@@ -193,8 +205,7 @@ pub fn layer<O: Ops>(
         }
         _ => (&s.q, &s.k),
     };
-    o.rope(q, &rope_of(cfg, il, cfg.n_head))?;
-    o.rope(k, &rope_of(cfg, il, cfg.n_head_kv))?;
+    o.rope_qk(q, k, &rope_of(cfg, il, cfg.n_head), cfg.n_head_kv)?;
     o.attention(
         il as usize,
         q,

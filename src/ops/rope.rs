@@ -20,7 +20,7 @@ pub struct Params {
     pub mode: u32,
     pub freq_base: f32,
     pub freq_scale: f32,
-    pub _pad0: u32,
+    pub n_heads2: u32,
     pub _pad1: u32,
 }
 
@@ -43,16 +43,33 @@ impl Rope {
             mode: self.mode as u32,
             freq_base: self.freq_base,
             freq_scale: self.freq_scale,
-            _pad0: 0,
+            n_heads2: 0,
             _pad1: 0,
         }
     }
 
     /// In place on x: [head_dim, n_heads, n_tokens].
     pub fn gpu(&self, ctx: &GpuContext, step: &wgpu::Buffer, x: &wgpu::Buffer) -> Result<Dispatch> {
+        self.gpu_pair(ctx, step, x, None)
+    }
+
+    /// In place on x and, with the same rotation, on `also` = (x2, its heads): a
+    /// layer's Q and K in one dispatch.
+    pub fn gpu_pair(
+        &self,
+        ctx: &GpuContext,
+        step: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        also: Option<(&wgpu::Buffer, u32)>,
+    ) -> Result<Dispatch> {
         let pipe = op_pipeline(ctx, "rope")?;
-        let pairs = self.n_rot / 2 * self.n_heads;
-        dispatch(ctx, "rope", pipe, step, &self.params(), &[x], move |s| {
+        let (x2, n_heads2) = also.unwrap_or((x, 0));
+        let params = Params {
+            n_heads2,
+            ..self.params()
+        };
+        let pairs = self.n_rot / 2 * (self.n_heads + n_heads2);
+        dispatch(ctx, "rope", pipe, step, &params, &[x, x2], move |s| {
             [groups(pairs, WG), s.n_tokens, 1]
         })
     }
