@@ -14,7 +14,8 @@ pub enum Binding {
 }
 
 impl Binding {
-    fn entry(self, binding: u32) -> wgpu::BindGroupLayoutEntry {
+    /// The layout entry of a compute buffer binding of this kind at `binding`.
+    pub fn entry(self, binding: u32) -> wgpu::BindGroupLayoutEntry {
         let ty = match self {
             Binding::Uniform => wgpu::BufferBindingType::Uniform,
             Binding::Read => wgpu::BufferBindingType::Storage { read_only: true },

@@ -155,7 +155,7 @@ fn upload_rows(
         let run_rows = (COPY_RUN / rows.file.max(1)).max(1);
         for (i, src) in bytes.chunks(run_rows * rows.file).enumerate() {
             let at = i * run_rows * rows.gpu;
-            if rows.file == rows.gpu && super::layout::planes(rows.ty).is_none() {
+            if super::layout::planes(rows.ty).is_none() {
                 view.slice(at..at + src.len()).copy_from_slice(src);
             } else {
                 // Reordered one row at a time through a row-sized scratch (the view

@@ -96,26 +96,16 @@ pub fn peak_patterns() -> Vec<Pattern> {
 }
 
 fn layout(ctx: &GpuContext) -> wgpu::BindGroupLayout {
-    let entry = |binding, ty| wgpu::BindGroupLayoutEntry {
-        binding,
-        visibility: wgpu::ShaderStages::COMPUTE,
-        ty: wgpu::BindingType::Buffer {
-            ty,
-            has_dynamic_offset: false,
-            min_binding_size: None,
-        },
-        count: None,
-    };
-    let ro = wgpu::BufferBindingType::Storage { read_only: true };
+    use wgllm::gpu::pipelines::Binding;
     ctx.device
         .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some("read_peak"),
             entries: &[
-                entry(0, wgpu::BufferBindingType::Uniform),
-                entry(1, ro),
-                entry(2, ro),
-                entry(3, wgpu::BufferBindingType::Storage { read_only: false }),
-                entry(4, wgpu::BufferBindingType::Uniform),
+                Binding::Uniform.entry(0),
+                Binding::Read.entry(1),
+                Binding::Read.entry(2),
+                Binding::ReadWrite.entry(3),
+                Binding::Uniform.entry(4),
                 wgpu::BindGroupLayoutEntry {
                     binding: 5,
                     visibility: wgpu::ShaderStages::COMPUTE,
