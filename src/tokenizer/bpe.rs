@@ -177,7 +177,7 @@ mod tests {
     fn vocab(tokens: &[&str]) -> Vocab {
         Vocab::build(VocabInput {
             kind: VocabKind::Bpe,
-            tokens: tokens.iter().map(|s| s.to_string()).collect(),
+            tokens: tokens.to_vec(),
             token_types: None,
             scores: None,
             special: SpecialIds::default(),
@@ -196,7 +196,9 @@ mod tests {
         let m = BpeModel::new(merges, Some("gpt-2")).unwrap();
         let mut out = Vec::new();
         m.tokenize(v, text.as_bytes(), &mut out).unwrap();
-        out.iter().map(|&id| v.texts[id as usize].clone()).collect()
+        out.iter()
+            .map(|&id| v.texts.get(id as usize).to_string())
+            .collect()
     }
 
     #[test]

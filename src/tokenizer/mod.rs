@@ -11,6 +11,7 @@
 //! - `pretokenize.rs`, `unicode.rs`: word splitting for byte-level BPE, code point classes.
 
 mod bpe;
+mod packed;
 mod pretokenize;
 mod special;
 mod spm;
@@ -67,12 +68,9 @@ impl Tokenizer {
                 )))
             }
         };
-        let tokens: Vec<String> = md
+        let tokens = md
             .get_str_array("tokenizer.ggml.tokens")?
-            .ok_or_else(|| Error::Tokenizer("missing tokenizer.ggml.tokens".into()))?
-            .into_iter()
-            .map(str::to_string)
-            .collect();
+            .ok_or_else(|| Error::Tokenizer("missing tokenizer.ggml.tokens".into()))?;
         let bpe = match kind {
             VocabKind::Bpe => {
                 let merges = md
@@ -177,10 +175,7 @@ impl Tokenizer {
     /// The bytes a token stands for (special tokens render as their text). Empty for ids
     /// outside the vocabulary.
     pub fn token_bytes(&self, id: u32) -> &[u8] {
-        self.vocab
-            .pieces
-            .get(id as usize)
-            .map_or(&[], Vec::as_slice)
+        self.vocab.pieces.get(id as usize)
     }
 
     /// Concatenated pieces of `ids`: the exact bytes, which need not be valid UTF-8.
@@ -223,7 +218,7 @@ impl Tokenizer {
     }
     /// The raw vocabulary string of a token ("" outside the vocabulary).
     pub fn token_text(&self, id: u32) -> &str {
-        self.vocab.texts.get(id as usize).map_or("", String::as_str)
+        self.vocab.texts.get(id as usize)
     }
     /// The id whose raw vocabulary string is exactly `text`.
     pub fn find_token(&self, text: &str) -> Option<u32> {

@@ -113,7 +113,7 @@ mod tests {
     fn vocab(tokens: &[&str], types: &[i32], name: &str) -> Vocab {
         Vocab::build(VocabInput {
             kind: VocabKind::Bpe,
-            tokens: tokens.iter().map(|s| s.to_string()).collect(),
+            tokens: tokens.to_vec(),
             token_types: Some(types.to_vec()),
             scores: None,
             special: SpecialIds::default(),

@@ -139,7 +139,7 @@ mod tests {
         all.extend(tokens.iter().map(|(t, s)| (t.to_string(), *s, 1)));
         Vocab::build(VocabInput {
             kind: VocabKind::Spm,
-            tokens: all.iter().map(|t| t.0.clone()).collect(),
+            tokens: all.iter().map(|t| t.0.as_str()).collect(),
             token_types: Some(all.iter().map(|t| t.2).collect()),
             scores: Some(all.iter().map(|t| t.1).collect()),
             special: SpecialIds::default(),
@@ -157,7 +157,9 @@ mod tests {
     fn texts(v: &Vocab, text: &str) -> Vec<String> {
         let mut out = Vec::new();
         tokenize(v, text.as_bytes(), &mut out).unwrap();
-        out.iter().map(|&id| v.texts[id as usize].clone()).collect()
+        out.iter()
+            .map(|&id| v.texts.get(id as usize).to_string())
+            .collect()
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! applies when it loads them (end-of-generation set, auto-detected control tokens, the
 //! per-token piece text used for detokenization).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use super::packed::{Packed, PackedStr, TextIndex};
 
 use aho_corasick::AhoCorasick;
 use memchr::memmem::Finder;
@@ -65,9 +67,10 @@ pub(crate) struct SpecialIds {
 }
 
 /// Everything the vocab is built from, already read out of the GGUF.
-pub(crate) struct VocabInput {
+pub(crate) struct VocabInput<'a> {
     pub kind: VocabKind,
-    pub tokens: Vec<String>,
+    /// Borrowed from the file's metadata: the vocab packs its own copy.
+    pub tokens: Vec<&'a str>,
     pub token_types: Option<Vec<i32>>,
     pub scores: Option<Vec<f32>>,
     /// Ids from the file, before range checks; `None` = key absent.
@@ -85,10 +88,10 @@ pub(crate) struct VocabInput {
 
 pub(crate) struct Vocab {
     pub kind: VocabKind,
-    pub texts: Vec<String>,
+    pub texts: PackedStr,
     pub attrs: Vec<u32>,
     pub scores: Vec<f32>,
-    pub text_to_id: HashMap<Box<[u8]>, u32>,
+    pub text_to_id: TextIndex,
     pub ids: SpecialIds,
     pub add_bos: bool,
     pub add_eos: bool,
@@ -99,7 +102,7 @@ pub(crate) struct Vocab {
     /// Finds which of `special_cache` (same order) occur in a text at all, in one pass.
     pub special_finder: Option<AhoCorasick>,
     /// Piece bytes per token (detokenization with special tokens rendered).
-    pub pieces: Vec<Vec<u8>>,
+    pub pieces: Packed,
 }
 
 /// Selects one id field of [`SpecialIds`].
@@ -185,7 +188,7 @@ const EOG_TEXTS: &[&str] = &[
 ];
 
 impl Vocab {
-    pub fn build(input: VocabInput) -> Result<Vocab> {
+    pub fn build(input: VocabInput<'_>) -> Result<Vocab> {
         let n = input.tokens.len();
         if n == 0 {
             return Err(Error::Tokenizer("the vocabulary is empty".into()));
@@ -201,23 +204,15 @@ impl Vocab {
             n,
         )?;
 
-        let mut texts = Vec::with_capacity(n);
-        let mut text_to_id = HashMap::with_capacity(n);
-        for (i, t) in input.tokens.into_iter().enumerate() {
-            let id = u32::try_from(i).map_err(|_| Error::Tokenizer("vocab too large".into()))?;
-            let t = if t.is_empty() {
-                format!("[EMPTY_{i}]")
+        let mut texts = PackedStr::default();
+        for (i, &t) in input.tokens.iter().enumerate() {
+            if t.is_empty() {
+                texts.push(&format!("[EMPTY_{i}]"))?;
             } else {
-                t
-            };
-            let key: Box<[u8]> = t.as_bytes().into();
-            if let Some(prev) = text_to_id.insert(key, id) {
-                return Err(Error::Tokenizer(format!(
-                    "duplicate token {t:?} in vocabulary (ids {prev} and {id})"
-                )));
+                texts.push(t)?;
             }
-            texts.push(t);
         }
+        let text_to_id = TextIndex::build(&texts)?;
         let attrs = match &input.token_types {
             Some(tt) => tt
                 .iter()
@@ -249,7 +244,7 @@ impl Vocab {
             eog: BTreeSet::new(),
             special_cache: Vec::new(),
             special_finder: None,
-            pieces: Vec::new(),
+            pieces: Packed::default(),
         };
         if v.add_bos && v.ids.bos.is_none() {
             return Err(Error::Tokenizer(
@@ -265,13 +260,17 @@ impl Vocab {
         v.mark_unused();
         v.build_eog();
         v.build_special_cache();
-        v.pieces = (0..n).map(|i| v.compute_piece(i)).collect();
+        let mut pieces = Packed::default();
+        for i in 0..n {
+            pieces.push(&v.compute_piece(i))?;
+        }
+        v.pieces = pieces;
         v.per_model_attrs(&input.model_name, &input.pre, &input.arch);
         Ok(v)
     }
 
     pub fn id(&self, text: &[u8]) -> Option<u32> {
-        self.text_to_id.get(text).copied()
+        self.text_to_id.get(&self.texts, text)
     }
 
     pub fn attr(&self, id: u32) -> u32 {
@@ -322,7 +321,7 @@ impl Vocab {
 
     /// Control tokens whose text says "unused" are unused.
     fn mark_unused(&mut self) {
-        for (a, t) in self.attrs.iter_mut().zip(&self.texts) {
+        for (a, t) in self.attrs.iter_mut().zip(self.texts.iter()) {
             if *a & attr::CONTROL != 0 && t.contains("unused") {
                 *a |= attr::UNUSED;
             }
@@ -383,13 +382,13 @@ impl Vocab {
             .filter(|&id| self.attr(id) & (attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN) != 0)
             .collect();
         // Longest first; ties keep id order so the result does not depend on the sort.
-        ids.sort_by_key(|&id| std::cmp::Reverse(self.texts[id as usize].len()));
+        ids.sort_by_key(|&id| std::cmp::Reverse(self.texts.get(id as usize).len()));
         self.special_cache = ids
             .into_iter()
             .map(|id| {
                 (
                     id,
-                    Finder::new(self.texts[id as usize].as_bytes()).into_owned(),
+                    Finder::new(self.texts.get(id as usize).as_bytes()).into_owned(),
                 )
             })
             .collect();
@@ -400,9 +399,10 @@ impl Vocab {
 
     /// The piece text of one token, as llama.cpp renders it with `special = true`.
     fn compute_piece(&self, i: usize) -> Vec<u8> {
-        let (Some(text), Some(&a)) = (self.texts.get(i), self.attrs.get(i)) else {
+        let Some(&a) = self.attrs.get(i) else {
             return Vec::new();
         };
+        let text = self.texts.get(i);
         if a & (attr::UNKNOWN | attr::CONTROL | attr::USER_DEFINED) != 0 {
             return text.as_bytes().to_vec();
         }
@@ -537,10 +537,10 @@ fn byte_token_value(text: &str) -> u8 {
 mod tests {
     use super::*;
 
-    fn input(kind: VocabKind, tokens: &[&str], types: &[i32]) -> VocabInput {
+    fn input<'a>(kind: VocabKind, tokens: &[&'a str], types: &[i32]) -> VocabInput<'a> {
         VocabInput {
             kind,
-            tokens: tokens.iter().map(|s| s.to_string()).collect(),
+            tokens: tokens.to_vec(),
             token_types: Some(types.to_vec()),
             scores: None,
             special: SpecialIds::default(),
@@ -572,21 +572,21 @@ mod tests {
         assert_eq!(v.ids.eot, Some(0));
         let cache: Vec<u32> = v.special_cache.iter().map(|(id, _)| *id).collect();
         assert_eq!(cache, vec![0, 1, 2, 3]);
-        assert_eq!(v.pieces[1], b"<|im_start|>");
+        assert_eq!(v.pieces.get(1), b"<|im_start|>");
     }
 
     #[test]
     fn pieces_by_kind() {
         let toks = ["<unk>", "\u{2581}hi", "<0x0A>", "x"];
         let v = Vocab::build(input(VocabKind::Spm, &toks, &[2, 1, 6, 5])).unwrap();
-        assert_eq!(v.pieces[1], b" hi");
-        assert_eq!(v.pieces[2], b"\n");
-        assert!(v.pieces[3].is_empty());
+        assert_eq!(v.pieces.get(1), b" hi");
+        assert_eq!(v.pieces.get(2), b"\n");
+        assert!(v.pieces.get(3).is_empty());
         let toks = ["\u{120}hi", "\u{10A}", "\u{C3}\u{A9}"];
         let v = Vocab::build(input(VocabKind::Bpe, &toks, &[1, 1, 1])).unwrap();
-        assert_eq!(v.pieces[0], b" hi");
-        assert_eq!(v.pieces[1], b"\n");
-        assert_eq!(v.pieces[2], "é".as_bytes());
+        assert_eq!(v.pieces.get(0), b" hi");
+        assert_eq!(v.pieces.get(1), b"\n");
+        assert_eq!(v.pieces.get(2), "é".as_bytes());
     }
 
     #[test]
