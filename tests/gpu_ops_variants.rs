@@ -89,6 +89,57 @@ fn check_store(
     );
 }
 
+/// Products of one input fused into one matrix (`Proj::Fused`): the rows of `rows[i]`
+/// land in output i alone, each checked against its own matrix's product.
+fn check_fused(
+    ctx: &GpuContext,
+    v: Variant,
+    ty: GgmlType,
+    rows: &[usize],
+    n_cols: usize,
+    n_tokens: usize,
+) {
+    let ws: Vec<Vec<u8>> = (0..rows.len())
+        .map(|i| weight(ty, rows[i], n_cols, 31 + i as u64))
+        .collect();
+    let infos: Vec<TensorInfo> = (0..rows.len())
+        .map(|i| TensorInfo {
+            name: format!("w{i}"),
+            dims: vec![n_cols as u64, rows[i] as u64],
+            ty,
+            offset: 0,
+            n_bytes: ws[i].len() as u64,
+        })
+        .collect();
+    let parts: Vec<(&TensorInfo, &[u8])> =
+        infos.iter().zip(&ws).map(|(i, w)| (i, &w[..])).collect();
+    let gw = GpuTensor::upload_fused(ctx, "fused", &parts, &mut |_| {}).expect("upload");
+    let x = Rng::new(5).vec(n_cols * n_tokens, 1.0);
+    let step = StepInfo::new(0, n_tokens as u32);
+    let sb = step_buffer(ctx, &step);
+    let xb = buffer_with_guard(ctx, &x, 0);
+    let ybs: Vec<_> = rows
+        .iter()
+        .map(|&r| buffer_with_guard(ctx, &vec![0.0; r * n_tokens], 64))
+        .collect();
+    let yrefs: Vec<_> = ybs.iter().collect();
+    let rows32: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+    let d = mul_mat::gpu_rows_variant(ctx, v, &sb, &gw, &xb, &yrefs, &rows32).expect("build");
+    run(ctx, &d, &step);
+    for (i, &r) in rows.iter().enumerate() {
+        let mut want = vec![0f32; r * n_tokens];
+        mul_mat::reference(ty, &ws[i], r, n_cols, &x, n_tokens, &mut want).expect("reference");
+        let got = read_checked(ctx, &ybs[i], want.len(), 64);
+        let e = nmse(&got, &want);
+        assert!(
+            e < 1e-10,
+            "fused mul_mat[{}] {ty} {rows:?}x{n_cols} x{n_tokens}, part {i} on {}: nmse {e:e}",
+            v.name(),
+            label(ctx)
+        );
+    }
+}
+
 fn variants(ctx: &GpuContext) -> impl Iterator<Item = Variant> + '_ {
     Variant::ALL.into_iter().filter(|v| v.available(ctx))
 }
@@ -99,16 +150,21 @@ fn variants_small_block_types() {
         for v in variants(ctx) {
             for ty in GPU_TYPES.into_iter().filter(|t| t.block_size() <= 32) {
                 // 576 columns: 18 Q4_0 blocks, several windows with a short last one;
-                // odd row counts give rows that start at every alignment.
-                for (rows, cols, toks) in [(1, 32, 1), (67, 96, 1), (33, 576, 3), (257, 160, 9)] {
+                // odd row counts give rows that start at every alignment. 7 tokens are
+                // one short tile in `ks`, 9 a whole one and a single token.
+                for (rows, cols, toks) in [(1, 32, 1), (67, 96, 1), (33, 576, 7), (257, 160, 9)] {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }
                 check(ctx, v, ty, 70, 64, 6, Columns::Last);
-                // Into a residual stream: a tile of 8 and a single token. The store
+                // Into a residual stream: a whole tile and a short one. The store
                 // does not depend on the weight type, so one type per family checks it
                 // (each is a pipeline of its own to compile).
                 if ty == GgmlType::Q5_0 {
-                    check_store(ctx, v, ty, 67, 96, 9, Columns::All, Store::Add);
+                    check_store(ctx, v, ty, 67, 96, 13, Columns::All, Store::Add);
+                    // Q, K, V as one product: segments that start inside a workgroup's
+                    // rows, a single token and a tile with a short one.
+                    check_fused(ctx, v, ty, &[70, 33, 33], 96, 1);
+                    check_fused(ctx, v, ty, &[70, 33, 33], 96, 14);
                 }
             }
         }
@@ -120,12 +176,14 @@ fn variants_k_quants() {
     for ctx in contexts() {
         for v in variants(ctx) {
             for ty in GPU_TYPES.into_iter().filter(|t| t.block_size() == 256) {
-                for (rows, cols, toks) in [(1, 256, 1), (67, 512, 3), (33, 2048, 2), (65, 768, 9)] {
+                for (rows, cols, toks) in [(1, 256, 1), (67, 512, 5), (33, 2048, 2), (65, 768, 9)] {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }
                 check(ctx, v, ty, 70, 512, 6, Columns::Last);
                 if ty == GgmlType::Q4_K {
-                    check_store(ctx, v, ty, 67, 512, 9, Columns::All, Store::Add);
+                    check_store(ctx, v, ty, 67, 512, 14, Columns::All, Store::Add);
+                    // Gate and up as one product.
+                    check_fused(ctx, v, ty, &[65, 65], 512, 9);
                 }
             }
         }

@@ -15,7 +15,17 @@ struct Params {
     win_bytes: u32,  // bytes of W per window
     tok0: u32,       // first output token of this dispatch
     tok_n: u32,      // most output tokens of this dispatch
+    // Fused products (rows of several matrices one after another): rows seg1 .. seg2
+    // go to y1 and rows seg2 .. seg_end to y2, each [its rows, n_tokens]. A plain
+    // product has seg1 = 0xffffffff.
+    seg1: u32,
+    seg2: u32,
+    seg_end: u32,
+    _pad1: u32,
 }
+
+@group(0) @binding(6) var<storage, read_write> y1: array<f32>;
+@group(0) @binding(7) var<storage, read_write> y2: array<f32>;
 
 // true: the product is added to y (the residual stream) instead of replacing it, which
 // saves the separate add and its dispatch.
@@ -26,5 +36,26 @@ fn store_y(i: u32, v: f32) {
         y[i] += v;
     } else {
         y[i] = v;
+    }
+}
+
+// Row r (of the whole tensor) of output token t.
+fn store_out(t: u32, r: u32, v: f32) {
+    if (r < p.seg1) {
+        store_y(t * p.y_stride + r, v);
+    } else if (r < p.seg2) {
+        let i = t * (p.seg2 - p.seg1) + r - p.seg1;
+        if (ACC) {
+            y1[i] += v;
+        } else {
+            y1[i] = v;
+        }
+    } else {
+        let i = t * (p.seg_end - p.seg2) + r - p.seg2;
+        if (ACC) {
+            y2[i] += v;
+        } else {
+            y2[i] = v;
+        }
     }
 }

@@ -10,6 +10,7 @@
 // W: [n_cols, n_rows] (this binding holds rows row0 .. row0 + n_rows of the tensor)
 // x: [n_cols, n_tokens] f32, column stride x_stride (in vec4s)
 // y: [y_stride, n_tokens] f32; row r of this part lands at y[t * y_stride + row0 + r]
+//    (or in y1 / y2 for fused products: `store_out`)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -44,7 +45,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             }
         }
         for (var t = 0u; t < nt; t++) {
-            store_y((t0 + t) * p.y_stride + p.row0 + r, acc[t]);
+            store_out(t0 + t, p.row0 + r, acc[t]);
         }
     }
 }

@@ -8,6 +8,7 @@
 // W: [n_cols, n_rows] (this binding holds rows row0 .. row0 + n_rows of the tensor)
 // x: [n_cols, n_tokens] f32, column stride x_stride (in vec4s)
 // y: [y_stride, n_tokens] f32; row r of this part lands at y[t * y_stride + row0 + r]
+//    (or in y1 / y2 for fused products: `store_out`)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -52,6 +53,6 @@ fn partial(r: u32, t0: u32, nt: u32, l: u32) -> vec4<f32> {
 
 fn store(r: u32, t0: u32, nt: u32, s: vec4<f32>) {
     for (var t = 0u; t < nt; t++) {
-        store_y((t0 + t) * p.y_stride + p.row0 + r, s[t]);
+        store_out(t0 + t, p.row0 + r, s[t]);
     }
 }

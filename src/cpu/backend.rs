@@ -623,7 +623,8 @@ fn load_weights(
     let mut ls = Vec::new();
     for il in 0..cfg.n_layer {
         ls.push(if layers.contains(&il) {
-            Some(weights::layer(file, cfg, il, &mut load)?)
+            // The CPU reads every tensor in place from the file map: nothing to fuse.
+            Some(weights::layer(file, cfg, il, &mut load, &mut |_| Ok(None))?)
         } else {
             None
         });

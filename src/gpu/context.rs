@@ -48,6 +48,9 @@ pub struct GpuContext {
     /// Kernel variants measured fastest on this adapter (`wgllm-bench kernels --save`).
     pub tuned: super::tuning::Choices,
     pub pipelines: super::pipelines::PipelineCache,
+    /// A small storage buffer bound where a kernel's layout has an output that a
+    /// dispatch does not write (the second and third outputs of an unfused mul_mat).
+    pub unused_output: wgpu::Buffer,
     binding_cap: Option<u64>,
     lost: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -192,7 +195,14 @@ impl GpuContext {
             }
         }));
         let tuned = super::tuning::choices_for(&info);
+        let unused_output = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused output"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Ok(GpuContext {
+            unused_output,
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             adapter,

@@ -34,9 +34,15 @@ impl Binding {
     }
 }
 
+/// One cache entry: filled by whichever thread asks first; others asking meanwhile
+/// wait on its lock instead of compiling the same pipeline again.
+type Slot = Arc<Mutex<Option<Arc<wgpu::ComputePipeline>>>>;
+
+/// Safe to share between threads: pipelines of different keys compile concurrently
+/// (a model's weight-dependent kernels are warmed while its weights upload).
 #[derive(Default)]
 pub struct PipelineCache {
-    map: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    map: Mutex<HashMap<String, Slot>>,
 }
 
 impl PipelineCache {
@@ -64,55 +70,78 @@ impl PipelineCache {
         source: impl FnOnce() -> Result<String>,
     ) -> Result<Arc<wgpu::ComputePipeline>> {
         let key = format!("{label}{constants:?}");
-        let mut map = self
-            .map
-            .lock()
-            .map_err(|_| Error::gpu("pipeline cache poisoned"))?;
-        if let Some(p) = map.get(&key) {
+        let slot = {
+            let mut map = self.map.lock().map_err(|_| poisoned())?;
+            map.entry(key).or_default().clone()
+        };
+        // Held while compiling: a second request for this key waits for the first.
+        let mut slot = slot.lock().map_err(|_| poisoned())?;
+        if let Some(p) = slot.as_ref() {
             return Ok(p.clone());
         }
-        let src = source()?;
-        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(label),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
-        let layout = bindings.map(|b| {
-            let entries: Vec<_> = (0u32..).zip(b).map(|(i, k)| k.entry(i)).collect();
-            let group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                label: Some(label),
-                entries: &entries,
-            });
-            device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                label: Some(label),
-                bind_group_layouts: &[Some(&group)],
-                immediate_size: 0,
-            })
-        });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(label),
-            layout: layout.as_ref(),
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants,
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
-        if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(Error::gpu(format!("shader {label}: {e}")));
-        }
-        let p = Arc::new(pipeline);
-        map.insert(key, p.clone());
+        let p = Arc::new(compile(device, label, constants, bindings, source)?);
+        *slot = Some(p.clone());
         Ok(p)
     }
 
+    /// Pipelines compiled so far.
     pub fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
+        let Ok(map) = self.map.lock() else {
+            return 0;
+        };
+        map.values()
+            .filter(|s| s.lock().map(|p| p.is_some()).unwrap_or(false))
+            .count()
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+fn poisoned() -> Error {
+    Error::gpu("pipeline cache poisoned")
+}
+
+/// Compile `source()` into a compute pipeline (see [`PipelineCache::get_laid_out`]).
+fn compile(
+    device: &wgpu::Device,
+    label: &str,
+    constants: &[(&str, f64)],
+    bindings: Option<&[Binding]>,
+    source: impl FnOnce() -> Result<String>,
+) -> Result<wgpu::ComputePipeline> {
+    let src = source()?;
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(label),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    });
+    let layout = bindings.map(|b| {
+        let entries: Vec<_> = (0u32..).zip(b).map(|(i, k)| k.entry(i)).collect();
+        let group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(label),
+            entries: &entries,
+        });
+        device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(label),
+            bind_group_layouts: &[Some(&group)],
+            immediate_size: 0,
+        })
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(label),
+        layout: layout.as_ref(),
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            constants,
+            zero_initialize_workgroup_memory: false,
+        },
+        cache: None,
+    });
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        return Err(Error::gpu(format!("shader {label}: {e}")));
+    }
+    Ok(pipeline)
 }

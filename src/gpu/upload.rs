@@ -100,7 +100,7 @@ impl GpuTensor {
             let start = (row0 * row_bytes) as usize;
             let end = ((row0 + n) * row_bytes) as usize;
             let buffer = ctx.scoped(&format!("uploading {}", info.name), || {
-                upload_rows(ctx, &info.name, &data[start..end], rows, copied)
+                upload_rows(ctx, &info.name, &[&data[start..end]], rows, copied)
             })??;
             parts.push(Part {
                 buffer,
@@ -117,6 +117,68 @@ impl GpuTensor {
             parts,
         })
     }
+
+    /// One tensor holding the rows of `tensors` (each with its data from the file map)
+    /// one after another, in one buffer: products of one input fused into one
+    /// ([`crate::model::graph::Proj`]). The tensors must share their type and row
+    /// length and fit one storage binding together.
+    pub fn upload_fused(
+        ctx: &GpuContext,
+        name: &str,
+        tensors: &[(&TensorInfo, &[u8])],
+        copied: &mut dyn FnMut(&[u8]),
+    ) -> Result<GpuTensor> {
+        let (first, _) = tensors
+            .first()
+            .ok_or_else(|| Error::model(format!("{name}: nothing to fuse")))?;
+        let (ty, n_cols) = (first.ty, first.dims.first().copied().unwrap_or(0));
+        let row_bytes = ty.row_bytes(n_cols).ok_or_else(|| {
+            Error::model(format!(
+                "{name}: rows of {n_cols} elements are not whole {ty} blocks"
+            ))
+        })?;
+        let mut n_rows = 0u64;
+        for (info, data) in tensors {
+            let rows: u64 = info.dims.iter().skip(1).product();
+            if info.ty != ty
+                || info.dims.first() != Some(&n_cols)
+                || rows.checked_mul(row_bytes) != Some(data.len() as u64)
+            {
+                return Err(Error::model(format!(
+                    "{name}: {} is not {n_cols}-element {ty} rows like {}",
+                    info.name, first.name
+                )));
+            }
+            n_rows += rows;
+        }
+        let gpu_row = super::layout::row_bytes(ty, n_cols).unwrap_or(row_bytes);
+        if n_rows * gpu_row > ctx.max_binding() {
+            return Err(Error::gpu(format!(
+                "{name}: {} bytes exceed one storage binding",
+                n_rows * gpu_row
+            )));
+        }
+        let rows = Rows {
+            ty,
+            file: row_bytes as usize,
+            gpu: gpu_row as usize,
+        };
+        let srcs: Vec<&[u8]> = tensors.iter().map(|(_, d)| *d).collect();
+        let buffer = ctx.scoped(&format!("uploading {name}"), || {
+            upload_rows(ctx, name, &srcs, rows, copied)
+        })??;
+        Ok(GpuTensor {
+            name: name.to_string(),
+            ty,
+            ne: [n_cols, n_rows, 1, 1],
+            row_bytes: gpu_row,
+            parts: vec![Part {
+                buffer,
+                row0: 0,
+                n_rows: n_rows as u32,
+            }],
+        })
+    }
 }
 
 /// Bytes copied between calls of an upload's `copied`.
@@ -130,16 +192,17 @@ struct Rows {
     gpu: usize,
 }
 
-/// A storage buffer holding the file rows `bytes` in the GPU layout (padded to a
-/// multiple of 16 bytes with zeros, so the weights bind as whole vec4s).
+/// A storage buffer holding the file rows of `srcs`, one after another, in the GPU
+/// layout (padded to a multiple of 16 bytes with zeros, so the weights bind as whole
+/// vec4s).
 fn upload_rows(
     ctx: &GpuContext,
     label: &str,
-    bytes: &[u8],
+    srcs: &[&[u8]],
     rows: Rows,
     copied: &mut dyn FnMut(&[u8]),
 ) -> Result<wgpu::Buffer> {
-    let n_rows = bytes.len() / rows.file.max(1);
+    let n_rows: usize = srcs.iter().map(|b| b.len() / rows.file.max(1)).sum();
     let size = ((n_rows * rows.gpu) as u64).next_multiple_of(16).max(16);
     let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
@@ -153,8 +216,9 @@ fn upload_rows(
             .map_err(|e| Error::gpu(format!("mapping the buffer for {label}: {e}")))?;
         // Padding stays zero, as mapped buffers start zeroed.
         let run_rows = (COPY_RUN / rows.file.max(1)).max(1);
-        for (i, src) in bytes.chunks(run_rows * rows.file).enumerate() {
-            let at = i * run_rows * rows.gpu;
+        let runs = srcs.iter().flat_map(|b| b.chunks(run_rows * rows.file));
+        let mut at = 0;
+        for src in runs {
             if super::layout::planes(rows.ty).is_none() {
                 view.slice(at..at + src.len()).copy_from_slice(src);
             } else {
@@ -167,6 +231,7 @@ fn upload_rows(
                     view.slice(o..o + rows.gpu).copy_from_slice(&row);
                 }
             }
+            at += src.len() / rows.file.max(1) * rows.gpu;
             copied(src);
         }
     }

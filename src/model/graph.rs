@@ -87,6 +87,22 @@ pub trait Ops {
         self.add(y, tmp, n)
     }
 
+    /// ys[i] = rows `rows[i]` of W x, for a W whose rows are several products' rows
+    /// one after another ([`Proj::Fused`]); each ys[i] is [rows[i], n_tokens]. Only
+    /// backends that fuse projections at load implement it.
+    fn mul_mat_rows(
+        &mut self,
+        w: &Self::Weight,
+        x: &Self::Act,
+        ys: &[&Self::Act],
+        rows: &[u32],
+    ) -> Result<()> {
+        let _ = (w, x, ys, rows);
+        Err(crate::Error::Unsupported(
+            "fused projections on this backend".into(),
+        ))
+    }
+
     /// x += rms_norm(p) * w over rows of `n` (one per token); `tmp` holds the norm where
     /// the backend has no fused form.
     fn rms_norm_add(
@@ -103,21 +119,48 @@ pub trait Ops {
     }
 }
 
+/// Products of one input: N matrices, or one matrix holding their rows one after
+/// another, which a backend may build at load to run them as one product.
+pub enum Proj<W, const N: usize> {
+    Split([W; N]),
+    /// The matrix and each product's rows.
+    Fused(W, [u32; N]),
+}
+
+impl<W, const N: usize> Proj<W, N> {
+    /// ys[i] = W_i x.
+    fn run<O: Ops<Weight = W> + ?Sized>(
+        &self,
+        o: &mut O,
+        x: &O::Act,
+        ys: [&O::Act; N],
+    ) -> Result<()> {
+        match self {
+            Proj::Split(ws) => {
+                for (w, y) in ws.iter().zip(ys) {
+                    o.mul_mat(w, x, y, Columns::All)?;
+                }
+                Ok(())
+            }
+            Proj::Fused(w, rows) => o.mul_mat_rows(w, x, &ys, rows),
+        }
+    }
+}
+
 /// One block's weights. Shapes in ggml order.
 pub struct LayerWeights<W> {
-    pub attn_norm: W,              // [n_embd]
-    pub wq: W,                     // [n_embd, n_head * head_dim]
-    pub wk: W,                     // [n_embd, n_head_kv * head_dim]
-    pub wv: W,                     // [n_embd, n_head_kv * head_dim]
+    pub attn_norm: W, // [n_embd]
+    /// Q [n_embd, n_head * head_dim], K and V [n_embd, n_head_kv * head_dim].
+    pub qkv: Proj<W, 3>,
     pub wo: W,                     // [n_head * head_dim, n_embd]
     pub q_norm: Option<W>,         // [head_dim] (Gemma 3)
     pub k_norm: Option<W>,         // [head_dim] (Gemma 3)
     pub post_attn_norm: Option<W>, // [n_embd] (Gemma 3)
     pub ffn_norm: W,               // [n_embd]
-    pub gate: W,                   // [n_embd, n_ff]
-    pub up: W,                     // [n_embd, n_ff]
-    pub down: W,                   // [n_ff, n_embd]
-    pub post_ffn_norm: Option<W>,  // [n_embd] (Gemma 3)
+    /// Gate and up, [n_embd, n_ff] each.
+    pub gate_up: Proj<W, 2>,
+    pub down: W,                  // [n_ff, n_embd]
+    pub post_ffn_norm: Option<W>, // [n_embd] (Gemma 3)
 }
 
 /// Activation buffers of one backend, sized for its largest batch.
@@ -194,9 +237,7 @@ pub fn layer<O: Ops>(
     let (n_embd, eps) = (cfg.n_embd, cfg.eps);
     // Attention.
     o.rms_norm(&s.x, &w.attn_norm, &s.xn, n_embd, 1, eps)?;
-    o.mul_mat(&w.wq, &s.xn, &s.q, Columns::All)?;
-    o.mul_mat(&w.wk, &s.xn, &s.k, Columns::All)?;
-    o.mul_mat(&w.wv, &s.xn, &s.v, Columns::All)?;
+    w.qkv.run(o, &s.xn, [&s.q, &s.k, &s.v])?;
     let (q, k) = match (&w.q_norm, &w.k_norm) {
         (Some(qn), Some(kn)) => {
             o.rms_norm(&s.q, qn, &s.qn, cfg.head_dim, cfg.n_head, eps)?;
@@ -217,8 +258,7 @@ pub fn layer<O: Ops>(
     residual(o, cfg, &w.wo, &s.attn, &w.post_attn_norm, s)?;
     // Feed-forward.
     o.rms_norm(&s.x, &w.ffn_norm, &s.xn, n_embd, 1, eps)?;
-    o.mul_mat(&w.gate, &s.xn, &s.gate, Columns::All)?;
-    o.mul_mat(&w.up, &s.xn, &s.up, Columns::All)?;
+    w.gate_up.run(o, &s.xn, [&s.gate, &s.up])?;
     o.glu(&s.gate, &s.up, &s.ffn, cfg.n_ff, cfg.act)?;
     residual(o, cfg, &w.down, &s.ffn, &w.post_ffn_norm, s)
 }

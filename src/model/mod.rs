@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod gpu_backend;
+mod gpu_warm;
 pub mod graph;
 pub mod weights;
 

@@ -1,7 +1,7 @@
 //! Collecting a model's weight tensors by their GGUF names, for any backend.
 
 use super::config::Config;
-use super::graph::LayerWeights;
+use super::graph::{LayerWeights, Proj};
 use crate::gguf::GgufFile;
 use crate::{Error, Result};
 
@@ -29,11 +29,14 @@ pub fn expect_dims(file: &GgufFile, name: &str, dims: &[u64]) -> Result<()> {
 }
 
 /// Load one layer's weights through `load`, checking every shape against `cfg`.
+/// Products of one input are offered to `fuse` first (tensor names, in order), which
+/// returns their fused matrix where the backend builds one ([`Proj::Fused`]).
 pub fn layer<W>(
     file: &GgufFile,
     cfg: &Config,
     il: u32,
     load: &mut impl FnMut(&str) -> Result<W>,
+    fuse: &mut impl FnMut(&[&str]) -> Result<Option<W>>,
 ) -> Result<LayerWeights<W>> {
     let (e, q, kv, ff, hd) = (
         cfg.n_embd as u64,
@@ -42,17 +45,28 @@ pub fn layer<W>(
         cfg.n_ff as u64,
         cfg.head_dim as u64,
     );
+    let name = |suffix: &str| format!("blk.{il}.{suffix}.weight");
     let mut get = |suffix: &str, dims: &[u64]| -> Result<W> {
-        let name = format!("blk.{il}.{suffix}.weight");
+        let name = name(suffix);
         expect_dims(file, &name, dims)?;
         load(&name)
     };
+    // Fused when `fuse` builds the matrix; else the products one by one.
+    macro_rules! proj {
+        ($($suffix:literal: $dims:expr),+) => {{
+            $(expect_dims(file, &name($suffix), &$dims)?;)+
+            let names = [$(name($suffix)),+];
+            let refs: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+            match fuse(&refs)? {
+                Some(w) => Proj::Fused(w, [$($dims[1] as u32),+]),
+                None => Proj::Split([$(get($suffix, &$dims)?),+]),
+            }
+        }};
+    }
     let gemma = cfg.qk_norm;
     Ok(LayerWeights {
         attn_norm: get("attn_norm", &[e])?,
-        wq: get("attn_q", &[e, q])?,
-        wk: get("attn_k", &[e, kv])?,
-        wv: get("attn_v", &[e, kv])?,
+        qkv: proj!("attn_q": [e, q], "attn_k": [e, kv], "attn_v": [e, kv]),
         wo: get("attn_output", &[q, e])?,
         q_norm: if gemma {
             Some(get("attn_q_norm", &[hd])?)
@@ -70,8 +84,7 @@ pub fn layer<W>(
             None
         },
         ffn_norm: get("ffn_norm", &[e])?,
-        gate: get("ffn_gate", &[e, ff])?,
-        up: get("ffn_up", &[e, ff])?,
+        gate_up: proj!("ffn_gate": [e, ff], "ffn_up": [e, ff]),
         down: get("ffn_down", &[ff, e])?,
         post_ffn_norm: if cfg.post_norms {
             Some(get("post_ffw_norm", &[e])?)

@@ -13,6 +13,24 @@ const TILE_KEYS: u32 = 4;
 const TILE_TOKENS: u32 = 4;
 const OUT_TILE_TOKENS: u32 = 8;
 
+/// The attention kernels a model's steps dispatch (`Attention::gpu`).
+const KERNELS: [&str; 6] = [
+    "kv_store",
+    "attn_scores",
+    "attn_scores_t4",
+    "softmax",
+    "attn_out",
+    "attn_out_t8",
+];
+
+/// Compile (or find) the attention pipelines ahead of recording, on any thread.
+pub fn warm(ctx: &GpuContext) -> Result<()> {
+    for name in KERNELS {
+        op_pipeline(ctx, name)?;
+    }
+    Ok(())
+}
+
 #[derive(Clone, Copy, Debug)]
 pub struct Attention {
     pub head_dim: u32,

@@ -198,18 +198,11 @@ pub(crate) fn pipeline(
         }
     };
     consts.push(("ACC", (store == Store::Add) as u8 as f64));
-    // The windowed variants bind the weights once, as vec4s, and lay out on their own.
-    let layout = match v {
-        Variant::Win | Variant::WinU => None,
-        _ => Some(weight_layout(v == Variant::KsU)),
-    };
-    ctx.pipelines.get_laid_out(
-        &ctx.device,
-        &label,
-        &consts,
-        layout.as_ref().map(|l| &l[..]),
-        || crate::gpu::shaders::quant_source(v.shader(), ty),
-    )
+    let layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU));
+    ctx.pipelines
+        .get_laid_out(&ctx.device, &label, &consts, Some(&layout), || {
+            crate::gpu::shaders::quant_source(v.shader(), ty)
+        })
 }
 
 /// How `mul_mat_win` walks a row of type `ty`: windows of whole blocks, at most
@@ -262,6 +255,44 @@ struct WinParams {
     win_bytes: u32,
     tok0: u32,
     tok_n: u32,
+    seg: Segments,
+}
+
+/// Where a fused product's rows go (`store_out` in common/mul_mat_params.wgsl): rows
+/// `seg1..seg2` to the second output, `seg2..seg_end` to the third.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct Segments {
+    seg1: u32,
+    seg2: u32,
+    seg_end: u32,
+    _pad: u32,
+}
+
+impl Segments {
+    /// A plain product: every row to the first output.
+    const NONE: Segments = Segments {
+        seg1: u32::MAX,
+        seg2: u32::MAX,
+        seg_end: u32::MAX,
+        _pad: 0,
+    };
+
+    /// Products of `rows[i]` rows each (one to three), one after another.
+    fn of(rows: &[u32]) -> Result<Segments> {
+        let sum = |r: &[u32]| u32::try_from(r.iter().map(|&n| n as u64).sum::<u64>());
+        let too_many = || Error::invalid(format!("a fused product of {rows:?} rows"));
+        match *rows {
+            [_] => Ok(Segments::NONE),
+            [a, _] | [a, _, _] => Ok(Segments {
+                seg1: a,
+                seg2: sum(&rows[..2]).map_err(|_| too_many())?,
+                seg_end: sum(rows).map_err(|_| too_many())?,
+                _pad: 0,
+            }),
+            _ => Err(too_many()),
+        }
+    }
 }
 
 /// Parameters of `mul_mat_xcopy`.
@@ -311,6 +342,93 @@ pub fn gpu_variant(
     cols: Columns,
     store: Store,
 ) -> Result<Vec<Dispatch>> {
+    let out = Outputs::plain(ctx, y, w.n_rows());
+    gpu_out(ctx, v, step, w, x, &out, cols, store)
+}
+
+/// ys[i] = rows `rows[i]` of W x, for a W holding several products' rows one after
+/// another ([`crate::model::graph::Proj::Fused`]): one dispatch for all of them.
+pub fn gpu_rows(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    ys: &[&wgpu::Buffer],
+    rows: &[u32],
+) -> Result<Vec<Dispatch>> {
+    gpu_rows_variant(ctx, variant(ctx, w.ty)?, step, w, x, ys, rows)
+}
+
+/// [`gpu_rows`] with an explicit variant (tests).
+pub fn gpu_rows_variant(
+    ctx: &GpuContext,
+    v: Variant,
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    ys: &[&wgpu::Buffer],
+    rows: &[u32],
+) -> Result<Vec<Dispatch>> {
+    if rows.iter().map(|&r| r as u64).sum::<u64>() != w.n_rows() || ys.len() != rows.len() {
+        return Err(Error::invalid(format!(
+            "{}: {} rows cannot be split as {rows:?} into {} outputs",
+            w.name,
+            w.n_rows(),
+            ys.len()
+        )));
+    }
+    let out = Outputs::fused(ctx, ys, rows)?;
+    gpu_out(ctx, v, step, w, x, &out, Columns::All, Store::Write)
+}
+
+/// Where a dispatch's products go: up to three buffers and the rows of each.
+struct Outputs<'a> {
+    ys: [&'a wgpu::Buffer; 3],
+    seg: Segments,
+    /// Floats between the first output's columns.
+    y_stride: u32,
+}
+
+impl<'a> Outputs<'a> {
+    fn plain(ctx: &'a GpuContext, y: &'a wgpu::Buffer, n_rows: u64) -> Outputs<'a> {
+        let spare = &ctx.unused_output;
+        Outputs {
+            ys: [y, spare, spare],
+            seg: Segments::NONE,
+            y_stride: n_rows as u32,
+        }
+    }
+
+    fn fused(ctx: &'a GpuContext, ys: &[&'a wgpu::Buffer], rows: &[u32]) -> Result<Outputs<'a>> {
+        let seg = Segments::of(rows)?;
+        let spare = &ctx.unused_output;
+        let y = |i: usize| ys.get(i).copied().unwrap_or(spare);
+        Ok(Outputs {
+            ys: [y(0), y(1), y(2)],
+            seg,
+            y_stride: rows[0],
+        })
+    }
+
+    /// Bindings 2..: weights, activations, outputs ([`mul_mat_layout`]).
+    fn buffers(&self, w: &'a wgpu::Buffer, x: &'a wgpu::Buffer) -> Vec<&'a wgpu::Buffer> {
+        let mut b = weight_buffers(false, w, x, self.ys[0]);
+        b.extend([self.ys[1], self.ys[2]]);
+        b
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gpu_out(
+    ctx: &GpuContext,
+    v: Variant,
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    out: &Outputs<'_>,
+    cols: Columns,
+    store: Store,
+) -> Result<Vec<Dispatch>> {
     if w.n_cols() % 32 != 0 {
         return Err(Error::Unsupported(format!(
             "{}: rows of {} elements (the GPU matmul needs a multiple of 32)",
@@ -318,35 +436,18 @@ pub fn gpu_variant(
             w.n_cols()
         )));
     }
-    if !v.available(ctx) {
-        return Err(Error::Unsupported(format!(
-            "mul_mat variant {} on {}",
-            v.name(),
-            ctx.info.name
-        )));
-    }
-    // Windows are runs of whole blocks, which planar rows (gpu::layout) do not have.
-    let v = match v {
-        Variant::Win | Variant::WinU if crate::gpu::layout::planes(w.ty).is_some() => Variant::Row,
-        v => v,
-    };
+    let v = resolve(ctx, v, w.ty, w.n_cols())?;
     let per_xu = tokens_per_xu(ctx, w.n_cols());
-    if matches!(v, Variant::WinU | Variant::KsU) && per_xu > 0 {
-        return gpu_uniform_x(ctx, v, step, w, x, y, cols, per_xu, store);
+    if matches!(v, Variant::WinU | Variant::KsU) {
+        return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu, store);
     }
-    // Rows too long for the uniform buffer: the same walk with storage activations.
-    let v = match v {
-        Variant::WinU => Variant::Win,
-        Variant::KsU => Variant::Ks,
-        v => v,
-    };
     let pipe = pipeline(ctx, w.ty, v, store)?;
     let window = match v {
         Variant::Win => Some(Window::of(w.ty)?),
         _ => None,
     };
     let max_groups = ctx.limits.max_compute_workgroups_per_dimension.max(1);
-    let mut out = Vec::new();
+    let mut plan = Vec::new();
     for part in &w.parts {
         let p = Params {
             n_rows: part.n_rows,
@@ -354,13 +455,13 @@ pub fn gpu_variant(
             row_bytes: w.row_bytes as u32,
             row0: part.row0,
             x_stride: (w.n_cols() / 4) as u32,
-            y_stride: w.n_rows() as u32,
+            y_stride: out.y_stride,
             last_only: (cols == Columns::Last) as u32,
             _pad: 0,
         };
         let n_rows = part.n_rows;
         let label = format!("mul_mat {}", w.name);
-        let buffers = weight_buffers(v == Variant::Win, &part.buffer, x, y);
+        let buffers = out.buffers(&part.buffer, x);
         // One parameter block for every variant (`common/mul_mat_params.wgsl`); the
         // window fields are the windowed walk's.
         let wp = WinParams {
@@ -369,12 +470,39 @@ pub fn gpu_variant(
             win_bytes: window.map_or(0, |w| w.bytes),
             tok0: 0,
             tok_n: u32::MAX,
+            seg: out.seg,
         };
         let g = grid(v, n_rows, max_groups);
         let d = dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| g)?;
-        out.push(d);
+        plan.push(d);
     }
-    Ok(out)
+    Ok(plan)
+}
+
+/// The variant that actually runs `v` for rows of `n_cols` elements of type `ty`.
+fn resolve(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> Result<Variant> {
+    if !v.available(ctx) {
+        return Err(Error::Unsupported(format!(
+            "mul_mat variant {} on {}",
+            v.name(),
+            ctx.info.name
+        )));
+    }
+    Ok(match v {
+        // Windows are runs of whole blocks, which planar rows (gpu::layout) do not have.
+        Variant::Win | Variant::WinU if crate::gpu::layout::planes(ty).is_some() => Variant::Row,
+        // Rows too long for the uniform buffer: the same walk with storage activations.
+        Variant::WinU if tokens_per_xu(ctx, n_cols) == 0 => Variant::Win,
+        Variant::KsU if tokens_per_xu(ctx, n_cols) == 0 => Variant::Ks,
+        v => v,
+    })
+}
+
+/// Compile (or find) the pipeline [`gpu`] will use for rows of `n_cols` elements of
+/// type `ty` with `store`, so that it can be built ahead of recording, on another thread.
+pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, store: Store) -> Result<()> {
+    let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols)?;
+    pipeline(ctx, ty, v, store).map(|_| ())
 }
 
 /// Bindings 2.. of a kernel that reads weights from storage (common/w_storage.wgsl):
@@ -412,6 +540,15 @@ pub(crate) fn weight_layout(x_uniform: bool) -> [Binding; 6] {
     ]
 }
 
+/// Group 0 of every mul_mat variant: [`weight_layout`] and the second and third
+/// outputs of fused products. The windowed variants read only the vec4 view of the
+/// weights (at binding 2, where the others have the u32 view); the same buffer is bound
+/// at both.
+fn mul_mat_layout(x_uniform: bool) -> [Binding; 8] {
+    let [a, b, c, d, e, f] = weight_layout(x_uniform);
+    [a, b, c, d, e, f, Binding::ReadWrite, Binding::ReadWrite]
+}
+
 /// Workgroups of variant `v` for `n_rows` rows: one row per invocation (`Row`, `Win`,
 /// `WinU`), per workgroup (`Wg`, `Sg`) or `KS_ROWS` per workgroup (`Ks`, `KsU`); grids
 /// wider than the per-dimension limit fold into y.
@@ -435,7 +572,7 @@ fn gpu_uniform_x(
     step: &wgpu::Buffer,
     w: &GpuTensor,
     x: &wgpu::Buffer,
-    y: &wgpu::Buffer,
+    out: &Outputs<'_>,
     cols: Columns,
     per_xu: u64,
     store: Store,
@@ -468,7 +605,7 @@ fn gpu_uniform_x(
     let x_stride = (w.n_cols() / 4) as u32;
     let last_only = (cols == Columns::Last) as u32;
     let tok_n = per_xu as u32;
-    let mut out = Vec::new();
+    let mut plan = Vec::new();
     for k in 0..max_tokens.div_ceil(per_xu) as u32 {
         let tok0 = k * tok_n;
         let first = move |s: &StepInfo| {
@@ -486,7 +623,7 @@ fn gpu_uniform_x(
             last_only,
         };
         let n_copy = tok_n * x_stride;
-        out.push(dispatch(
+        plan.push(dispatch(
             ctx,
             &format!("mul_mat x copy {}", w.name),
             copy.clone(),
@@ -503,7 +640,7 @@ fn gpu_uniform_x(
                     row_bytes: w.row_bytes as u32,
                     row0: part.row0,
                     x_stride,
-                    y_stride: w.n_rows() as u32,
+                    y_stride: out.y_stride,
                     last_only,
                     _pad: 0,
                 },
@@ -511,20 +648,21 @@ fn gpu_uniform_x(
                 win_bytes: win.bytes,
                 tok0,
                 tok_n,
+                seg: out.seg,
             };
             let g = grid(v, part.n_rows, max_groups);
-            out.push(dispatch(
+            plan.push(dispatch(
                 ctx,
                 &format!("mul_mat {}", w.name),
                 pipe.clone(),
                 step,
                 &wp,
-                &weight_buffers(v == Variant::WinU, &part.buffer, &xu, y),
+                &out.buffers(&part.buffer, &xu),
                 move |s| if live(s) { g } else { [0, 1, 1] },
             )?);
         }
     }
-    Ok(out)
+    Ok(plan)
 }
 
 /// CPU reference: y[t * n_rows + r] = dequant(W row r) . x[t * n_cols ..].
