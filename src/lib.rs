@@ -8,6 +8,7 @@
 pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod packed;
 pub mod quant;
 pub mod session;
 pub mod tokenizer;

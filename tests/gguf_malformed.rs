@@ -803,3 +803,74 @@ fn real_gemma3() {
     );
     check_real(&f);
 }
+
+/// Long arrays are kept packed by the reader: they read back equal to what was written,
+/// through every getter, and write back out byte for byte.
+#[test]
+fn long_arrays_round_trip_packed() {
+    let n = 300;
+    let strings = Value::Array(
+        ValueType::String,
+        (0..n).map(|i| Value::String(format!("tök{i}"))).collect(),
+    );
+    let floats = Value::Array(
+        ValueType::F32,
+        (0..n).map(|i| Value::F32(i as f32 * 0.5)).collect(),
+    );
+    let ints = Value::Array(ValueType::I32, (0..n).map(|i| Value::I32(-i)).collect());
+    let bools = Value::Array(
+        ValueType::Bool,
+        (0..n).map(|i| Value::Bool(i % 3 == 0)).collect(),
+    );
+    let mut w = GgufWriter::new();
+    w.add("a.str", strings.clone())
+        .add("a.f32", floats.clone())
+        .add("a.i32", ints.clone())
+        .add("a.bool", bools.clone());
+    let bytes = w.to_bytes();
+    let f = GgufFile::from_bytes(bytes.clone()).expect("parse");
+    let md = f.metadata();
+    assert!(matches!(md.get("a.str"), Some(Value::Packed(_))));
+    assert_eq!(md.get("a.str"), Some(&strings));
+    assert_eq!(md.get("a.f32"), Some(&floats));
+    assert_eq!(md.get("a.i32"), Some(&ints));
+    assert_eq!(md.get("a.bool"), Some(&bools));
+    let s = md.get_str_array("a.str").unwrap().unwrap();
+    assert_eq!((s.len(), s[0], s[299]), (300, "tök0", "tök299"));
+    assert_eq!(md.get_f32_array("a.f32").unwrap().unwrap()[3], 1.5);
+    assert_eq!(md.get_i32_array("a.i32").unwrap().unwrap()[7], -7);
+    assert!(
+        md.get_u32_array("a.i32").is_err(),
+        "negative items are not u32"
+    );
+    assert!(md.get_str_array("a.f32").is_err());
+    let shown = md.get("a.str").unwrap().to_string();
+    assert!(
+        shown.starts_with("[\"tök0\", \"tök1\"") && shown.ends_with("(300 items)]"),
+        "{shown}"
+    );
+    // Written back from the packed form, the file is the same.
+    let mut w2 = GgufWriter::new();
+    for (k, v) in md.iter() {
+        w2.add(k, v.clone());
+    }
+    assert_eq!(w2.to_bytes(), bytes);
+}
+
+#[test]
+fn bad_string_in_a_long_array_is_located() {
+    let items = (0..300)
+        .map(|i| Value::String(format!("s{i:03}")))
+        .collect();
+    let mut bytes = GgufWriter::new()
+        .add("a.str", Value::Array(ValueType::String, items))
+        .to_bytes();
+    let at = find(&bytes, b"s007");
+    bytes[at + 1] = 0xff;
+    let (offset, msg) = gguf_err(bytes);
+    assert_eq!(offset, at as u64 + 1);
+    assert!(
+        msg.contains("array item #7") && msg.contains("UTF-8"),
+        "{msg}"
+    );
+}

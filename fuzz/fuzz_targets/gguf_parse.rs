@@ -18,9 +18,9 @@ const MAX_DEQUANT: u64 = 1 << 16;
 fn walk(v: &Value, depth: usize) {
     let _ = (v.as_u64(), v.as_i64(), v.as_f32(), v.as_bool(), v.as_str());
     let _ = v.value_type().name();
-    if let Some((_, items)) = v.as_array() {
-        for item in items.iter().take(64) {
-            walk(item, depth + 1);
+    for i in 0..v.array_len().unwrap_or(0).min(64) {
+        if let Some(item) = v.array_item(i) {
+            walk(&item, depth + 1);
         }
     }
 }

@@ -7,6 +7,8 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use crate::packed::PackedStr;
+
 use crate::{Error, Result};
 
 /// On-disk value type ids (gguf.h `enum gguf_type`).
@@ -99,8 +101,9 @@ impl fmt::Display for ValueType {
 }
 
 /// One metadata value. Arrays carry their declared element type, which matters for empty
-/// arrays and for writing the value back out.
-#[derive(Clone, Debug, PartialEq)]
+/// arrays and for writing the value back out. The reader keeps long arrays of strings or
+/// numbers [`Value::Packed`]; they compare equal to the same items as a `Value::Array`.
+#[derive(Clone, Debug)]
 pub enum Value {
     U8(u8),
     I8(i8),
@@ -115,6 +118,107 @@ pub enum Value {
     U64(u64),
     I64(i64),
     F64(f64),
+    Packed(PackedArray),
+}
+
+/// A long array of strings, or of one fixed-size number type, in one buffer instead of a
+/// `Value` per item: Gemma 3's 262144 tokens, scores and token types took 34 MB as
+/// `Value`s and take 6 MB packed.
+#[derive(Clone, Debug)]
+pub enum PackedArray {
+    Strings(PackedStr),
+    /// Little-endian items of `elem` (not Bool, String or Array), as in the file.
+    Numbers {
+        elem: ValueType,
+        bytes: Vec<u8>,
+    },
+}
+
+impl PackedArray {
+    pub fn elem(&self) -> ValueType {
+        match self {
+            PackedArray::Strings(_) => ValueType::String,
+            PackedArray::Numbers { elem, .. } => *elem,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            PackedArray::Strings(s) => s.len(),
+            PackedArray::Numbers { elem, bytes } => bytes.len() / elem.fixed_size().unwrap_or(1),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// String item `i`, if this is an array of strings and has one.
+    pub fn str_at(&self, i: usize) -> Option<&str> {
+        match self {
+            PackedArray::Strings(s) if i < s.len() => Some(s.get(i)),
+            _ => None,
+        }
+    }
+
+    /// Item `i` as a `Value`.
+    pub fn item(&self, i: usize) -> Option<Value> {
+        match self {
+            PackedArray::Strings(_) => self.str_at(i).map(|s| Value::String(s.to_string())),
+            PackedArray::Numbers { elem, bytes } => {
+                let size = elem.fixed_size()?;
+                number_from_le(*elem, bytes.get(i * size..(i + 1) * size)?)
+            }
+        }
+    }
+}
+
+/// The number of type `ty` encoded little-endian in `b` (its exact size).
+pub fn number_from_le(ty: ValueType, b: &[u8]) -> Option<Value> {
+    use ValueType as T;
+    Some(match ty {
+        T::U8 => Value::U8(*b.first()?),
+        T::I8 => Value::I8(*b.first()? as i8),
+        T::U16 => Value::U16(u16::from_le_bytes(b.try_into().ok()?)),
+        T::I16 => Value::I16(i16::from_le_bytes(b.try_into().ok()?)),
+        T::U32 => Value::U32(u32::from_le_bytes(b.try_into().ok()?)),
+        T::I32 => Value::I32(i32::from_le_bytes(b.try_into().ok()?)),
+        T::F32 => Value::F32(f32::from_le_bytes(b.try_into().ok()?)),
+        T::U64 => Value::U64(u64::from_le_bytes(b.try_into().ok()?)),
+        T::I64 => Value::I64(i64::from_le_bytes(b.try_into().ok()?)),
+        T::F64 => Value::F64(f64::from_le_bytes(b.try_into().ok()?)),
+        T::Bool | T::String | T::Array => return None,
+    })
+}
+
+impl PartialEq for Value {
+    fn eq(&self, other: &Value) -> bool {
+        use Value as V;
+        match (self, other) {
+            (V::U8(a), V::U8(b)) => a == b,
+            (V::I8(a), V::I8(b)) => a == b,
+            (V::U16(a), V::U16(b)) => a == b,
+            (V::I16(a), V::I16(b)) => a == b,
+            (V::U32(a), V::U32(b)) => a == b,
+            (V::I32(a), V::I32(b)) => a == b,
+            (V::F32(a), V::F32(b)) => a == b,
+            (V::Bool(a), V::Bool(b)) => a == b,
+            (V::String(a), V::String(b)) => a == b,
+            (V::U64(a), V::U64(b)) => a == b,
+            (V::I64(a), V::I64(b)) => a == b,
+            (V::F64(a), V::F64(b)) => a == b,
+            (V::Array(ta, a), V::Array(tb, b)) => ta == tb && a == b,
+            // Packed or not, arrays are equal when their items are.
+            (a, b) => match (a.array_len(), b.array_len()) {
+                (Some(na), Some(nb)) => {
+                    na == nb
+                        && a.array_elem() == b.array_elem()
+                        && (0..na).all(|i| a.array_item(i) == b.array_item(i))
+                }
+                _ => false,
+            },
+        }
+    }
 }
 
 /// How many array items `Display` shows before eliding the rest.
@@ -132,7 +236,7 @@ impl Value {
             Value::F32(_) => ValueType::F32,
             Value::Bool(_) => ValueType::Bool,
             Value::String(_) => ValueType::String,
-            Value::Array(..) => ValueType::Array,
+            Value::Array(..) | Value::Packed(_) => ValueType::Array,
             Value::U64(_) => ValueType::U64,
             Value::I64(_) => ValueType::I64,
             Value::F64(_) => ValueType::F64,
@@ -192,7 +296,8 @@ impl Value {
         }
     }
 
-    /// The items and declared element type of an array value.
+    /// The items and declared element type of an unpacked array value (see
+    /// [`Value::array_len`] and [`Value::array_item`] for any array).
     pub fn as_array(&self) -> Option<(ValueType, &[Value])> {
         match self {
             Value::Array(t, items) => Some((*t, items)),
@@ -200,11 +305,38 @@ impl Value {
         }
     }
 
+    /// Items of an array value, packed or not.
+    pub fn array_len(&self) -> Option<usize> {
+        match self {
+            Value::Array(_, items) => Some(items.len()),
+            Value::Packed(p) => Some(p.len()),
+            _ => None,
+        }
+    }
+
+    /// The declared element type of an array value.
+    pub fn array_elem(&self) -> Option<ValueType> {
+        match self {
+            Value::Array(t, _) => Some(*t),
+            Value::Packed(p) => Some(p.elem()),
+            _ => None,
+        }
+    }
+
+    /// Item `i` of an array value (a copy).
+    pub fn array_item(&self, i: usize) -> Option<Value> {
+        match self {
+            Value::Array(_, items) => items.get(i).cloned(),
+            Value::Packed(p) => p.item(i),
+            _ => None,
+        }
+    }
+
     /// A short description for error messages: the type, then the value (arrays elided).
     fn describe(&self) -> String {
-        match self {
-            Value::Array(t, items) => format!("array of {} {t}", items.len()),
-            v => format!("{} {v}", v.value_type()),
+        match (self.array_elem(), self.array_len()) {
+            (Some(t), Some(n)) => format!("array of {n} {t}"),
+            _ => format!("{} {self}", self.value_type()),
         }
     }
 }
@@ -226,16 +358,19 @@ impl fmt::Display for Value {
             Value::U64(v) => write!(f, "{v}"),
             Value::I64(v) => write!(f, "{v}"),
             Value::F64(v) => write!(f, "{v}"),
-            Value::Array(_, items) => {
+            Value::Array(..) | Value::Packed(_) => {
+                let n = self.array_len().unwrap_or(0);
                 f.write_str("[")?;
-                for (i, item) in items.iter().take(DISPLAY_ITEMS).enumerate() {
+                for i in 0..n.min(DISPLAY_ITEMS) {
                     if i > 0 {
                         f.write_str(", ")?;
                     }
-                    write!(f, "{item}")?;
+                    if let Some(item) = self.array_item(i) {
+                        write!(f, "{item}")?;
+                    }
                 }
-                if items.len() > DISPLAY_ITEMS {
-                    write!(f, ", ... ({} items)", items.len())?;
+                if n > DISPLAY_ITEMS {
+                    write!(f, ", ... ({n} items)")?;
                 }
                 f.write_str("]")
             }
@@ -313,17 +448,20 @@ impl Metadata {
 
     /// An array whose items are all strings.
     pub fn get_str_array(&self, key: &str) -> Result<Option<Vec<&str>>> {
+        if let Some(Value::Packed(p @ PackedArray::Strings(_))) = self.get(key) {
+            return Ok(Some((0..p.len()).filter_map(|i| p.str_at(i)).collect()));
+        }
         self.typed_array(key, "string", Value::as_str)
     }
 
     /// An array whose items are all F32 or F64.
     pub fn get_f32_array(&self, key: &str) -> Result<Option<Vec<f32>>> {
-        self.typed_array(key, "f32", Value::as_f32)
+        self.number_array(key, "f32", Value::as_f32)
     }
 
     /// An array whose items are integers that fit an i32.
     pub fn get_i32_array(&self, key: &str) -> Result<Option<Vec<i32>>> {
-        self.typed_array(key, "i32", |v| {
+        self.number_array(key, "i32", |v| {
             v.as_i64().and_then(|x| i32::try_from(x).ok())
         })
     }
@@ -331,9 +469,34 @@ impl Metadata {
     /// An array whose items are integers that fit a u32. A scalar is not accepted: callers
     /// that allow "one value for all layers or one per layer" try [`Metadata::get_u32`] too.
     pub fn get_u32_array(&self, key: &str) -> Result<Option<Vec<u32>>> {
-        self.typed_array(key, "u32", |v| {
+        self.number_array(key, "u32", |v| {
             v.as_u64().and_then(|x| u32::try_from(x).ok())
         })
+    }
+
+    /// [`Metadata::typed_array`] for numbers, whose arrays may be packed.
+    fn number_array<T>(
+        &self,
+        key: &str,
+        expected: &str,
+        conv: impl Fn(&Value) -> Option<T>,
+    ) -> Result<Option<Vec<T>>> {
+        let Some(Value::Packed(p)) = self.get(key) else {
+            return self.typed_array(key, expected, &conv);
+        };
+        let mut out = Vec::with_capacity(p.len());
+        for i in 0..p.len() {
+            match p.item(i).as_ref().and_then(&conv) {
+                Some(x) => out.push(x),
+                None => {
+                    return Err(Error::model(format!(
+                        "key {key}: expected array of {expected}, item #{i} is {}",
+                        p.item(i).map_or("missing".into(), |v| v.describe())
+                    )))
+                }
+            }
+        }
+        Ok(Some(out))
     }
 
     pub fn require_u32(&self, key: &str) -> Result<u32> {

@@ -12,6 +12,6 @@ pub mod reader;
 pub mod synth;
 pub mod writer;
 
-pub use metadata::{Metadata, Value, ValueType};
+pub use metadata::{Metadata, PackedArray, Value, ValueType};
 pub use reader::{GgufFile, TensorInfo};
 pub use writer::{GgufStream, GgufWriter, TensorDesc};

@@ -16,7 +16,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::Path;
 
-use super::metadata::{Metadata, Value, ValueType};
+use super::metadata::{Metadata, PackedArray, Value, ValueType};
+use crate::packed::PackedStr;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -275,6 +276,11 @@ impl<'a> Cursor<'a> {
 
     /// A length-prefixed UTF-8 string.
     fn string(&mut self, what: &str) -> Result<String> {
+        self.str_slice(what).map(str::to_owned)
+    }
+
+    /// A string, borrowed from the file's bytes.
+    fn str_slice(&mut self, what: &str) -> Result<&'a str> {
         let start = self.offset();
         let len = self.u64(what)?;
         let left = self.remaining();
@@ -286,7 +292,7 @@ impl<'a> Cursor<'a> {
         }
         let bytes = self.take(len, what)?;
         match std::str::from_utf8(bytes) {
-            Ok(s) => Ok(s.to_owned()),
+            Ok(s) => Ok(s),
             Err(e) => Err(Error::gguf(
                 start + 8 + e.valid_up_to() as u64,
                 format!(
@@ -346,6 +352,11 @@ impl<'a> Cursor<'a> {
             ));
         }
         let count = count as usize; // <= left, so it fits
+        if count >= PACK_MIN {
+            if let Some(p) = self.packed(elem, count)? {
+                return Ok(Value::Packed(p));
+            }
+        }
         let mut items = Vec::with_capacity(count.min(MAX_PREALLOC));
         for i in 0..count {
             let item = self
@@ -355,7 +366,35 @@ impl<'a> Cursor<'a> {
         }
         Ok(Value::Array(elem, items))
     }
+
+    /// `count` items of `elem` (which fit the bytes left) as one packed buffer: strings,
+    /// and numbers other than bools (whose bytes must be checked one by one).
+    fn packed(&mut self, elem: ValueType, count: usize) -> Result<Option<PackedArray>> {
+        if elem == ValueType::String {
+            let at = self.offset();
+            let mut strings = PackedStr::default();
+            for i in 0..count {
+                let s = self
+                    .str_slice("string value")
+                    .map_err(|e| prefix(e, &format!("array item #{i}")))?;
+                strings
+                    .push(s)
+                    .map_err(|e| Error::gguf(at, e.to_string()))?;
+            }
+            return Ok(Some(PackedArray::Strings(strings)));
+        }
+        match elem.fixed_size() {
+            Some(size) if elem != ValueType::Bool => {
+                let bytes = self.take((count * size) as u64, "array items")?.to_vec();
+                Ok(Some(PackedArray::Numbers { elem, bytes }))
+            }
+            _ => Ok(None),
+        }
+    }
 }
+
+/// Arrays of at least this many strings or numbers are kept packed ([`PackedArray`]).
+const PACK_MIN: usize = 256;
 
 /// Prepends `context` (the enclosing key, tensor or array item) to a GGUF error's
 /// message. The offset stays that of the innermost field, the one that is bad.

@@ -16,7 +16,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-use super::metadata::Value;
+use super::metadata::{PackedArray, Value};
 use super::reader::DEFAULT_ALIGNMENT;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -422,6 +422,19 @@ fn put_value(h: &mut Vec<u8>, value: &Value) {
             h.extend_from_slice(&(items.len() as u64).to_le_bytes());
             for item in items {
                 put_value(h, item);
+            }
+        }
+        Value::Packed(p) => {
+            h.extend_from_slice(&(p.elem() as u32).to_le_bytes());
+            h.extend_from_slice(&(p.len() as u64).to_le_bytes());
+            match p {
+                // Numbers are kept as the file encodes them.
+                PackedArray::Numbers { bytes, .. } => h.extend_from_slice(bytes),
+                PackedArray::Strings(s) => {
+                    for item in s.iter() {
+                        put_str(h, item);
+                    }
+                }
             }
         }
     }

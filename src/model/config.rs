@@ -96,8 +96,8 @@ impl Config {
             Some(v) => v,
             None => md
                 .get("tokenizer.ggml.tokens")
-                .and_then(|v| v.as_array())
-                .map(|(_, a)| a.len() as u32)
+                .and_then(|v| v.array_len())
+                .map(|n| n as u32)
                 .ok_or_else(|| Error::model("no vocab_size and no tokenizer.ggml.tokens"))?,
         };
         // q_dim, kv_dim and the per-layer attention tables are products of these; a file

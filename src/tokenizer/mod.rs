@@ -11,11 +11,11 @@
 //! - `pretokenize.rs`, `unicode.rs`: word splitting for byte-level BPE, code point classes.
 
 mod bpe;
-mod packed;
 mod pretokenize;
 mod special;
 mod spm;
 mod stream;
+mod text_index;
 mod unicode;
 mod vocab;
 

@@ -4,7 +4,8 @@
 
 use std::collections::BTreeSet;
 
-use super::packed::{Packed, PackedStr, TextIndex};
+use super::text_index::TextIndex;
+use crate::packed::{Packed, PackedStr};
 
 use aho_corasick::AhoCorasick;
 use memchr::memmem::Finder;
