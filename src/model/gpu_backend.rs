@@ -346,8 +346,9 @@ impl GpuModel {
             .into_iter()
             .max()
             .unwrap_or(1);
+        // A batch never holds more positions than the context.
         let max_batch = (max_binding / act_bytes(widest, 1).max(1))
-            .min(n_batch as u64)
+            .min(n_batch.min(n_ctx) as u64)
             .max(1) as u32;
         let chunks = Chunks::new(cfg.n_head, n_ctx, max_batch, PROBS_BUDGET.min(max_binding));
         let c = &cfg;
