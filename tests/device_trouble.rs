@@ -184,6 +184,34 @@ fn split_weights_give_the_same_logits() {
 }
 
 #[test]
+fn few_storage_buffers_run_the_products_apart() {
+    // GLES 3.1 guarantees 4 storage buffers per stage: too few for the outputs of fused
+    // products, so Q/K/V and gate/up run one by one, with the same logits.
+    let (mut fused, tok) = load(&DeviceOptions::default(), 16).unwrap();
+    let few = DeviceOptions {
+        max_storage_buffers: Some(4),
+        ..Default::default()
+    };
+    let (mut apart, _) = load(&few, 16).unwrap();
+    assert!(fused.ctx.fused_outputs() && !apart.ctx.fused_outputs());
+    // 30 layers: two dispatches more for Q/K/V and one for gate/up, per layer.
+    assert_eq!(
+        apart.dispatches_per_step(),
+        fused.dispatches_per_step() + 90
+    );
+    let ids = tok
+        .encode("The capital of France is", false, false)
+        .unwrap();
+    let a = fused.step(&ids, 0, Logits::Last).unwrap();
+    let b = apart.step(&ids, 0, Logits::Last).unwrap();
+    let diff = a
+        .iter()
+        .zip(&b)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    assert!(diff <= 1e-5, "logits differ by {diff}");
+}
+
+#[test]
 fn limits_too_small_for_a_row_are_an_error() {
     // wgpu's default limits still hold SmolLM2; a binding cap below one row of its
     // embedding (360 bytes of Q4_1) cannot, and must say so.

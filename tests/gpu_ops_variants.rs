@@ -211,6 +211,29 @@ fn variants_split_weights() {
 }
 
 #[test]
+fn variants_with_few_storage_buffers() {
+    // A device with GLES 3.1's 4 storage buffers per stage gets kernels with one output;
+    // the store is shared by every variant, so three of them check it (on one adapter:
+    // each is a pipeline of its own to compile).
+    let ctx = &contexts()[0];
+    let few = GpuContext::from_adapter(
+        ctx.adapter.clone(),
+        &DeviceOptions {
+            max_storage_buffers: Some(4),
+            ..Default::default()
+        },
+    )
+    .expect("context");
+    assert!(!few.fused_outputs());
+    for v in [Variant::Row, Variant::Win, Variant::Ks]
+        .into_iter()
+        .filter(|v| v.available(&few))
+    {
+        check(&few, v, GgmlType::Q4_K, 67, 512, 9, Columns::All);
+    }
+}
+
+#[test]
 fn window_fits_the_private_array() {
     for ty in GPU_TYPES {
         let w = Window::of(ty).expect("window");

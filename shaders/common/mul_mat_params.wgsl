@@ -24,9 +24,6 @@ struct Params {
     _pad1: u32,
 }
 
-@group(0) @binding(6) var<storage, read_write> y1: array<f32>;
-@group(0) @binding(7) var<storage, read_write> y2: array<f32>;
-
 // true: the product is added to y (the residual stream) instead of replacing it, which
 // saves the separate add and its dispatch.
 override ACC: bool = false;
@@ -36,26 +33,5 @@ fn store_y(i: u32, v: f32) {
         y[i] += v;
     } else {
         y[i] = v;
-    }
-}
-
-// Row r (of the whole tensor) of output token t.
-fn store_out(t: u32, r: u32, v: f32) {
-    if (r < p.seg1) {
-        store_y(t * p.y_stride + r, v);
-    } else if (r < p.seg2) {
-        let i = t * (p.seg2 - p.seg1) + r - p.seg1;
-        if (ACC) {
-            y1[i] += v;
-        } else {
-            y1[i] = v;
-        }
-    } else {
-        let i = t * (p.seg_end - p.seg2) + r - p.seg2;
-        if (ACC) {
-            y2[i] += v;
-        } else {
-            y2[i] = v;
-        }
     }
 }

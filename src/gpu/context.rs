@@ -19,7 +19,14 @@ pub struct DeviceOptions {
     /// Treat storage bindings as at most this many bytes (splits tensors sooner; tests
     /// use it to exercise split weights with small tensors).
     pub max_binding: Option<u64>,
+    /// Request at most this many storage buffers per shader stage (simulates a device
+    /// with few, as GLES 3.1's minimum of 4).
+    pub max_storage_buffers: Option<u32>,
 }
+
+/// Storage buffers a mul_mat kernel binds with the outputs of fused products (weights
+/// twice, activations, three outputs); devices with fewer run the products apart.
+const FUSED_STORAGE_BUFFERS: u32 = 6;
 
 /// What `wgllm devices` prints for one adapter.
 #[derive(Clone, Debug)]
@@ -161,11 +168,15 @@ impl GpuContext {
         }
         // The adapter's real limits: wgpu's defaults cap storage bindings at 128 MiB and
         // buffers at 256 MiB, far below what real GPUs allow.
-        let limits = if opts.default_limits {
+        let mut limits = if opts.default_limits {
             wgpu::Limits::default().using_resolution(adapter.limits())
         } else {
             adapter.limits()
         };
+        if let Some(n) = opts.max_storage_buffers {
+            let l = &mut limits.max_storage_buffers_per_shader_stage;
+            *l = (*l).min(n);
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgllm"),
             required_features: features,
@@ -219,6 +230,12 @@ impl GpuContext {
             binding_cap: opts.max_binding,
             lost,
         })
+    }
+
+    /// Whether mul_mat kernels bind the second and third outputs of fused products
+    /// (`shaders/common/mul_mat_store.wgsl`).
+    pub fn fused_outputs(&self) -> bool {
+        self.limits.max_storage_buffers_per_shader_stage >= FUSED_STORAGE_BUFFERS
     }
 
     /// Largest range one storage binding may cover, in bytes.

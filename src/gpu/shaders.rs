@@ -48,6 +48,10 @@ const OPS: &[(&str, &[&str], &str)] = &[
 
 const MUL_MAT_ROW: &str = wgsl!("ops/mul_mat_row.wgsl");
 const MUL_MAT_PARAMS: &str = wgsl!("common/mul_mat_params.wgsl");
+/// `store_out` with the outputs of fused products, and with the one output only (see
+/// [`quant_source_one_output`]).
+const MUL_MAT_STORE: &str = wgsl!("common/mul_mat_store.wgsl");
+const MUL_MAT_STORE1: &str = wgsl!("common/mul_mat_store1.wgsl");
 const MUL_MAT_WIN: &str = wgsl!("ops/mul_mat_win.wgsl");
 const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 
@@ -56,21 +60,37 @@ const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 const QUANT_OPS: &[(&str, &[&str])] = &[
     (
         "mul_mat",
-        &[W_STORAGE, MUL_MAT_PARAMS, wgsl!("ops/mul_mat.wgsl")],
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            wgsl!("ops/mul_mat.wgsl"),
+        ],
     ),
     (
         "mul_mat_win",
-        &[MUL_MAT_PARAMS, MUL_MAT_WIN, wgsl!("ops/mul_mat_xs.wgsl")],
+        &[
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            MUL_MAT_WIN,
+            wgsl!("ops/mul_mat_xs.wgsl"),
+        ],
     ),
     (
         "mul_mat_winu",
-        &[MUL_MAT_PARAMS, MUL_MAT_WIN, wgsl!("ops/mul_mat_xu.wgsl")],
+        &[
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            MUL_MAT_WIN,
+            wgsl!("ops/mul_mat_xu.wgsl"),
+        ],
     ),
     (
         "mul_mat_wg",
         &[
             W_STORAGE,
             MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
             MUL_MAT_ROW,
             wgsl!("ops/mul_mat_wg.wgsl"),
         ],
@@ -80,6 +100,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
         &[
             W_STORAGE,
             MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
             MUL_MAT_ROW,
             wgsl!("ops/mul_mat_sg.wgsl"),
         ],
@@ -89,6 +110,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
         &[
             W_STORAGE,
             MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
             MUL_MAT_KS,
             wgsl!("ops/mul_mat_xs.wgsl"),
         ],
@@ -98,6 +120,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
         &[
             W_STORAGE,
             MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
             MUL_MAT_KS,
             wgsl!("ops/mul_mat_xu.wgsl"),
         ],
@@ -145,6 +168,16 @@ pub fn op_source(name: &str) -> Result<String> {
 
 /// Source of a kernel specialised for weight type `ty`.
 pub fn quant_source(name: &str, ty: GgmlType) -> Result<String> {
+    quant_source_with(name, ty, false)
+}
+
+/// [`quant_source`] of a mul_mat variant that stores to its one output only, for
+/// devices with too few storage bindings per stage for fused products' outputs.
+pub fn quant_source_one_output(name: &str, ty: GgmlType) -> Result<String> {
+    quant_source_with(name, ty, true)
+}
+
+fn quant_source_with(name: &str, ty: GgmlType, one_output: bool) -> Result<String> {
     let (_, body) = QUANT_OPS
         .iter()
         .find(|(n, _)| *n == name)
@@ -160,7 +193,15 @@ pub fn quant_source(name: &str, ty: GgmlType) -> Result<String> {
     if !has("fn wdot64(") {
         parts.push(DOT64_GENERIC);
     }
-    parts.extend_from_slice(body);
+    let store = if one_output {
+        MUL_MAT_STORE1
+    } else {
+        MUL_MAT_STORE
+    };
+    parts.extend(
+        body.iter()
+            .map(|&b| if b == MUL_MAT_STORE { store } else { b }),
+    );
     Ok(hoist_directives(&join(&parts)))
 }
 

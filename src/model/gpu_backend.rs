@@ -726,7 +726,8 @@ fn upload_weights(
 }
 
 /// The tensors `names`, when the GPU runs them as one product ([`graph::Proj`]): two
-/// or more matrices of one type and row length that fit one storage binding together.
+/// or more matrices of one type and row length that fit one storage binding together,
+/// on a device that binds the kernels' extra outputs.
 /// One dispatch instead of several saves the per-dispatch cost (25-40 us on lavapipe)
 /// and gives the small K and V products' rows to more workgroups at once.
 pub(super) fn fusable<'a>(
@@ -734,6 +735,9 @@ pub(super) fn fusable<'a>(
     file: &'a GgufFile,
     names: &[&str],
 ) -> Option<Vec<&'a TensorInfo>> {
+    if !ctx.fused_outputs() {
+        return None;
+    }
     let infos: Vec<&TensorInfo> = names
         .iter()
         .map(|n| file.tensor(n))

@@ -181,7 +181,13 @@ pub(crate) fn pipeline(
     v: Variant,
     store: Store,
 ) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
-    let label = format!("{}_{ty}", v.shader());
+    // Devices with few storage bindings get kernels with the one output.
+    let fused = ctx.fused_outputs();
+    let label = if fused {
+        format!("{}_{ty}", v.shader())
+    } else {
+        format!("{}_{ty}_1out", v.shader())
+    };
     let mut consts: Vec<(&str, f64)> = match v {
         Variant::Row => vec![("WG", WG as f64)],
         Variant::Win | Variant::WinU => {
@@ -199,9 +205,14 @@ pub(crate) fn pipeline(
     };
     consts.push(("ACC", (store == Store::Add) as u8 as f64));
     let layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU));
+    let layout = if fused { &layout[..] } else { &layout[..6] };
     ctx.pipelines
-        .get_laid_out(&ctx.device, &label, &consts, Some(&layout), || {
-            crate::gpu::shaders::quant_source(v.shader(), ty)
+        .get_laid_out(&ctx.device, &label, &consts, Some(layout), || {
+            if fused {
+                crate::gpu::shaders::quant_source(v.shader(), ty)
+            } else {
+                crate::gpu::shaders::quant_source_one_output(v.shader(), ty)
+            }
         })
 }
 
@@ -377,12 +388,20 @@ pub fn gpu_rows_variant(
             ys.len()
         )));
     }
+    if !ctx.fused_outputs() {
+        return Err(Error::Unsupported(format!(
+            "{}: fused products on {}, which binds too few storage buffers per stage",
+            w.name, ctx.info.name
+        )));
+    }
     let out = Outputs::fused(ctx, ys, rows)?;
     gpu_out(ctx, v, step, w, x, &out, Columns::All, Store::Write)
 }
 
 /// Where a dispatch's products go: up to three buffers and the rows of each.
 struct Outputs<'a> {
+    /// Whether the kernels bind the second and third ([`GpuContext::fused_outputs`]).
+    bound: bool,
     ys: [&'a wgpu::Buffer; 3],
     seg: Segments,
     /// Floats between the first output's columns.
@@ -393,6 +412,7 @@ impl<'a> Outputs<'a> {
     fn plain(ctx: &'a GpuContext, y: &'a wgpu::Buffer, n_rows: u64) -> Outputs<'a> {
         let spare = &ctx.unused_output;
         Outputs {
+            bound: ctx.fused_outputs(),
             ys: [y, spare, spare],
             seg: Segments::NONE,
             y_stride: n_rows as u32,
@@ -404,6 +424,7 @@ impl<'a> Outputs<'a> {
         let spare = &ctx.unused_output;
         let y = |i: usize| ys.get(i).copied().unwrap_or(spare);
         Ok(Outputs {
+            bound: ctx.fused_outputs(),
             ys: [y(0), y(1), y(2)],
             seg,
             y_stride: rows[0],
@@ -413,7 +434,9 @@ impl<'a> Outputs<'a> {
     /// Bindings 2..: weights, activations, outputs ([`mul_mat_layout`]).
     fn buffers(&self, w: &'a wgpu::Buffer, x: &'a wgpu::Buffer) -> Vec<&'a wgpu::Buffer> {
         let mut b = weight_buffers(false, w, x, self.ys[0]);
-        b.extend([self.ys[1], self.ys[2]]);
+        if self.bound {
+            b.extend([self.ys[1], self.ys[2]]);
+        }
         b
     }
 }

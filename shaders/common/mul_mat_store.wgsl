@@ -1,0 +1,26 @@
+// Where a mul_mat kernel stores its rows: the first output, or for fused products
+// (`Params.seg1` ..) the second and third (bindings 6 and 7).
+
+@group(0) @binding(6) var<storage, read_write> y1: array<f32>;
+@group(0) @binding(7) var<storage, read_write> y2: array<f32>;
+
+// Row r (of the whole tensor) of output token t.
+fn store_out(t: u32, r: u32, v: f32) {
+    if (r < p.seg1) {
+        store_y(t * p.y_stride + r, v);
+    } else if (r < p.seg2) {
+        let i = t * (p.seg2 - p.seg1) + r - p.seg1;
+        if (ACC) {
+            y1[i] += v;
+        } else {
+            y1[i] = v;
+        }
+    } else {
+        let i = t * (p.seg_end - p.seg2) + r - p.seg2;
+        if (ACC) {
+            y2[i] += v;
+        } else {
+            y2[i] = v;
+        }
+    }
+}
