@@ -3,7 +3,7 @@
 //! Recording binds uploaded buffers, so it waits for the upload; the pipelines it binds
 //! need only the weights' types. [`warm`] walks the same graph over the file's tensor
 //! table and compiles the matmul and attention kernels, on a thread of its own, while
-//! the weights upload: on lavapipe those kernels take 0.15-0.3 s to build, as long as
+//! the weights upload: on lavapipe those kernels take 0.15-0.3 s to build, longer than
 //! the upload itself. Recording then finds them in the cache (or waits for the one in
 //! progress). Warming is only ahead-of-time work: its errors are dropped, and recording
 //! reports any that are real.
