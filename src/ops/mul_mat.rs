@@ -3,6 +3,7 @@
 
 use super::{dispatch, groups, Dispatch, StepInfo, WG};
 use crate::gpu::pipelines::Binding;
+use crate::gpu::upload::Part;
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -233,6 +234,13 @@ const WIN_ARRAY_BYTES: u64 = 256;
 const WIN_MAX: u64 = WIN_ARRAY_BYTES - 15 - 4;
 
 impl Window {
+    /// The window fields of the variants that do not walk windows.
+    const NONE: Window = Window {
+        chunks: 0,
+        bytes: 0,
+        nv: 0,
+    };
+
     pub fn of(ty: GgmlType) -> Result<Window> {
         // A unit is one chunk, or one block when blocks are larger (K types: 256).
         let unit = (ty.block_size() as u64).max(32);
@@ -267,6 +275,38 @@ struct WinParams {
     tok0: u32,
     tok_n: u32,
     seg: Segments,
+}
+
+impl WinParams {
+    /// One parameter block for every variant (`common/mul_mat_params.wgsl`): part `part`
+    /// of `w` into `out`, over output tokens `tok0 .. tok0 + tok_n`; the window fields are
+    /// the windowed walk's.
+    fn new(
+        w: &GpuTensor,
+        part: &Part,
+        cols: Columns,
+        out: &Outputs<'_>,
+        win: Window,
+        (tok0, tok_n): (u32, u32),
+    ) -> WinParams {
+        WinParams {
+            base: Params {
+                n_rows: part.n_rows,
+                n_cols: w.n_cols() as u32,
+                row_bytes: w.row_bytes as u32,
+                row0: part.row0,
+                x_stride: (w.n_cols() / 4) as u32,
+                y_stride: out.y_stride,
+                last_only: (cols == Columns::Last) as u32,
+                _pad: 0,
+            },
+            win_chunks: win.chunks,
+            win_bytes: win.bytes,
+            tok0,
+            tok_n,
+            seg: out.seg,
+        }
+    }
 }
 
 /// Where a fused product's rows go (`store_out` in common/mul_mat_params.wgsl): rows
@@ -466,36 +506,16 @@ fn gpu_out(
     }
     let pipe = pipeline(ctx, w.ty, v, store)?;
     let window = match v {
-        Variant::Win => Some(Window::of(w.ty)?),
-        _ => None,
+        Variant::Win => Window::of(w.ty)?,
+        _ => Window::NONE,
     };
     let max_groups = ctx.limits.max_compute_workgroups_per_dimension.max(1);
     let mut plan = Vec::new();
     for part in &w.parts {
-        let p = Params {
-            n_rows: part.n_rows,
-            n_cols: w.n_cols() as u32,
-            row_bytes: w.row_bytes as u32,
-            row0: part.row0,
-            x_stride: (w.n_cols() / 4) as u32,
-            y_stride: out.y_stride,
-            last_only: (cols == Columns::Last) as u32,
-            _pad: 0,
-        };
-        let n_rows = part.n_rows;
         let label = format!("mul_mat {}", w.name);
         let buffers = out.buffers(&part.buffer, x);
-        // One parameter block for every variant (`common/mul_mat_params.wgsl`); the
-        // window fields are the windowed walk's.
-        let wp = WinParams {
-            base: p,
-            win_chunks: window.map_or(0, |w| w.chunks),
-            win_bytes: window.map_or(0, |w| w.bytes),
-            tok0: 0,
-            tok_n: u32::MAX,
-            seg: out.seg,
-        };
-        let g = grid(v, n_rows, max_groups);
+        let wp = WinParams::new(w, part, cols, out, window, (0, u32::MAX));
+        let g = grid(v, part.n_rows, max_groups);
         let d = dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| g)?;
         plan.push(d);
     }
@@ -604,11 +624,7 @@ fn gpu_uniform_x(
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let win = match v {
         Variant::WinU => Window::of(w.ty)?,
-        _ => Window {
-            chunks: 0,
-            bytes: 0,
-            nv: 0,
-        },
+        _ => Window::NONE,
     };
     let max_groups = ctx.limits.max_compute_workgroups_per_dimension.max(1);
     let col_bytes = w.n_cols() * 4;
@@ -656,23 +672,7 @@ fn gpu_uniform_x(
             move |s| [if live(s) { groups(n_copy, WG) } else { 0 }, 1, 1],
         )?);
         for part in &w.parts {
-            let wp = WinParams {
-                base: Params {
-                    n_rows: part.n_rows,
-                    n_cols: w.n_cols() as u32,
-                    row_bytes: w.row_bytes as u32,
-                    row0: part.row0,
-                    x_stride,
-                    y_stride: out.y_stride,
-                    last_only,
-                    _pad: 0,
-                },
-                win_chunks: win.chunks,
-                win_bytes: win.bytes,
-                tok0,
-                tok_n,
-                seg: out.seg,
-            };
+            let wp = WinParams::new(w, part, cols, out, win, (tok0, tok_n));
             let g = grid(v, part.n_rows, max_groups);
             plan.push(dispatch(
                 ctx,
