@@ -18,9 +18,10 @@ struct Params {
 @group(0) @binding(3) var<storage, read> wt: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-const WG: u32 = 64u;
+// Lanes per workgroup: 64, or one subgroup with common/reduce_sg.wgsl.
+override WG: u32 = 64u;
 override ACC: bool = false;
-var<workgroup> partial: array<f32, WG>;
+var<workgroup> partial: array<f32, 64>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {

@@ -15,8 +15,9 @@ struct Params {
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> scores: array<vec4<f32>>;
 
-const WG: u32 = 64u;
-var<workgroup> partial: array<f32, WG>;
+// Lanes per workgroup: 64, or one subgroup with common/reduce_sg.wgsl.
+override WG: u32 = 64u;
+var<workgroup> partial: array<f32, 64>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {

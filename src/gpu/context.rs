@@ -238,6 +238,15 @@ impl GpuContext {
         self.limits.max_storage_buffers_per_shader_stage >= FUSED_STORAGE_BUFFERS
     }
 
+    /// The subgroup size, where the device has subgroups of one fixed size (at least 4
+    /// lanes): kernels whose workgroup is exactly one subgroup need it fixed.
+    pub fn fixed_subgroup(&self) -> Option<u32> {
+        (self.has_subgroups
+            && self.subgroup_min_size == self.subgroup_max_size
+            && self.subgroup_min_size >= 4)
+            .then_some(self.subgroup_min_size)
+    }
+
     /// Largest range one storage binding may cover, in bytes.
     pub fn max_binding(&self) -> u64 {
         let device = self

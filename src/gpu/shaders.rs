@@ -16,6 +16,8 @@ const BYTES: &str = wgsl!("common/bytes.wgsl");
 /// The weight binding and its accessors, for kernels that read weights from storage.
 const W_STORAGE: &str = wgsl!("common/w_storage.wgsl");
 const REDUCE: &str = wgsl!("common/reduce.wgsl");
+/// The same reductions for workgroups of one subgroup (the `_sg` kernels).
+const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
 const DOT32_GENERIC: &str = wgsl!("common/quant/dot32_generic.wgsl");
 const DOT64_GENERIC: &str = wgsl!("common/quant/dot64_generic.wgsl");
@@ -29,6 +31,11 @@ const TT8: &str = "const TT: u32 = 8u;";
 /// Kernels that are the same for every weight type: (name, helpers, body).
 const OPS: &[(&str, &[&str], &str)] = &[
     ("rms_norm", &[STEP, REDUCE], wgsl!("ops/rms_norm.wgsl")),
+    (
+        "rms_norm_sg",
+        &[STEP, REDUCE_SG],
+        wgsl!("ops/rms_norm.wgsl"),
+    ),
     ("rope", &[STEP], wgsl!("ops/rope.wgsl")),
     ("kv_store", &[STEP], wgsl!("ops/kv_store.wgsl")),
     ("attn_scores", &[STEP, TT1], wgsl!("ops/attn_scores.wgsl")),
@@ -38,6 +45,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
         wgsl!("ops/attn_scores.wgsl"),
     ),
     ("softmax", &[STEP, REDUCE], wgsl!("ops/softmax.wgsl")),
+    ("softmax_sg", &[STEP, REDUCE_SG], wgsl!("ops/softmax.wgsl")),
     ("attn_out", &[STEP, TT1], wgsl!("ops/attn_out.wgsl")),
     ("attn_out_t8", &[STEP, TT8], wgsl!("ops/attn_out.wgsl")),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
@@ -225,26 +233,35 @@ fn hoist_directives(src: &str) -> String {
 /// [`all_with_subgroups`].
 pub fn all() -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for (name, _, _) in OPS {
-        if let Ok(src) = op_source(name) {
-            out.push((name.to_string(), src));
-        }
-    }
+    out.extend(op_shaders(|name| !needs_subgroups(name)));
     out.extend(quant_shaders(|name| !needs_subgroups(name)));
     out
 }
 
 /// The shaders that need the SUBGROUP feature, as (label, source).
 pub fn all_with_subgroups() -> Vec<(String, String)> {
-    quant_shaders(needs_subgroups)
+    let mut out = op_shaders(needs_subgroups);
+    out.extend(quant_shaders(needs_subgroups));
+    out
 }
 
-/// Whether the type-specialised kernel `name` uses subgroup operations.
+/// Whether the kernel `name` uses subgroup operations.
 pub fn needs_subgroups(name: &str) -> bool {
-    QUANT_OPS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .is_some_and(|(_, parts)| parts.iter().any(|p| p.contains("subgroupAdd")))
+    let uses = |p: &&str| p.contains("subgroupAdd") || p.contains("subgroupMax");
+    OPS.iter()
+        .find(|(n, _, _)| *n == name)
+        .is_some_and(|(_, helpers, body)| helpers.iter().any(uses) || uses(body))
+        || QUANT_OPS
+            .iter()
+            .find(|(n, _)| *n == name)
+            .is_some_and(|(_, parts)| parts.iter().any(uses))
+}
+
+fn op_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
+    OPS.iter()
+        .filter(|(n, _, _)| keep(n))
+        .filter_map(|(name, _, _)| Some((name.to_string(), op_source(name).ok()?)))
+        .collect()
 }
 
 fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {

@@ -14,11 +14,10 @@ const TILE_TOKENS: u32 = 4;
 const OUT_TILE_TOKENS: u32 = 8;
 
 /// The attention kernels a model's steps dispatch (`Attention::gpu`).
-const KERNELS: [&str; 6] = [
+const KERNELS: [&str; 5] = [
     "kv_store",
     "attn_scores",
     "attn_scores_t4",
-    "softmax",
     "attn_out",
     "attn_out_t8",
 ];
@@ -28,6 +27,7 @@ pub fn warm(ctx: &GpuContext) -> Result<()> {
     for name in KERNELS {
         op_pipeline(ctx, name)?;
     }
+    super::reduce_pipeline(ctx, "softmax", &[])?;
     Ok(())
 }
 
@@ -209,7 +209,7 @@ impl Attention {
         let softmax = dispatch(
             ctx,
             "softmax",
-            op_pipeline(ctx, "softmax")?,
+            super::reduce_pipeline(ctx, "softmax", &[])?,
             step,
             &SoftmaxParams {
                 n_head,

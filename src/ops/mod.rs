@@ -151,6 +151,26 @@ pub(crate) fn op_pipeline(
     })
 }
 
+/// The pipeline of a kernel that reduces over its workgroup (`rms_norm`, `softmax`),
+/// with `constants`: the `_sg` form, one subgroup per workgroup, where the device has a
+/// fixed subgroup size (measured on lavapipe: a 64-lane tree of barriers took most of
+/// these kernels' time), else the 64-lane form.
+pub(crate) fn reduce_pipeline(
+    ctx: &GpuContext,
+    name: &str,
+    constants: &[(&str, f64)],
+) -> crate::Result<Arc<wgpu::ComputePipeline>> {
+    let (name, wg) = match ctx.fixed_subgroup() {
+        Some(sg) if sg <= WG => (format!("{name}_sg"), sg),
+        _ => (name.to_string(), WG),
+    };
+    let mut consts = constants.to_vec();
+    consts.push(("WG", wg as f64));
+    ctx.pipelines.get(&ctx.device, &name, &consts, || {
+        crate::gpu::shaders::op_source(&name)
+    })
+}
+
 /// A step uniform for tests and tools that run kernels outside a model.
 pub fn uniform_for_tests(ctx: &GpuContext, step: &StepInfo) -> wgpu::Buffer {
     uniform(ctx, "step", step)

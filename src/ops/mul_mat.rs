@@ -108,11 +108,7 @@ impl Variant {
         match self {
             Variant::Sg => ctx.has_subgroups,
             // One workgroup must be one whole subgroup, so the size must be fixed.
-            Variant::Ks | Variant::KsU => {
-                ctx.has_subgroups
-                    && ctx.subgroup_min_size == ctx.subgroup_max_size
-                    && ctx.subgroup_min_size >= 4
-            }
+            Variant::Ks | Variant::KsU => ctx.fixed_subgroup().is_some(),
             _ => true,
         }
     }

@@ -1,0 +1,13 @@
+// Workgroup-wide reductions for workgroups of exactly one subgroup (WG is the device's
+// fixed subgroup size): one subgroup operation each, with no workgroup memory and no
+// barrier. CPU-hosted drivers run every barrier as a switch between coroutines, which
+// made a 64-lane tree reduction most of a norm's or a softmax's time there.
+// Same signatures as common/reduce.wgsl; the `partial` array goes unused.
+
+fn workgroup_sum(li: u32, v: f32) -> f32 {
+    return subgroupAdd(v);
+}
+
+fn workgroup_max(li: u32, v: f32) -> f32 {
+    return subgroupMax(v);
+}
