@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use wgllm::gguf::TensorInfo;
 use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
-use wgllm::ops::attention::{Attention, Chunks};
+use wgllm::ops::attention::{self, Attention, Chunks};
 use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns};
 use wgllm::ops::rope::{Rope, RopeMode};
@@ -322,9 +322,14 @@ fn attention_gqa_window_batches() {
             (64, 9, 3, 0, 37, 1),
             (256, 4, 1, 8, 20, 6),
             (32, 4, 4, 0, 3, 70),
+            // Single tokens: a sliding window, the first position, and a context past
+            // what the one-dispatch decode kernel covers.
+            (256, 4, 1, 8, 20, 1),
+            (32, 4, 4, 0, 0, 1),
+            (32, 2, 1, 0, attention::DECODE_MAX_KV + 3, 1),
         ] {
             // An odd context gives V rows a padded stride.
-            let n_ctx = if pos % 2 == 1 { 127u32 } else { 128 };
+            let n_ctx = if pos % 2 == 1 { 127u32 } else { 128 }.max(pos + toks);
             let kv_dim = hd * nkv;
             let mut rng = Rng::new((hd + pos) as u64);
             let n_kv = (pos + toks) as usize;
@@ -394,6 +399,9 @@ fn attention_gqa_window_batches() {
                         .unwrap(),
                 );
                 run(ctx, &d, &step);
+                if toks == 1 {
+                    check_probs_row(ctx, &probs, probs_len, chunks, nh, n_kv, window);
+                }
                 let got = read_checked(ctx, &ob, q.len(), 16);
                 let e = nmse(&got, &want);
                 assert!(
@@ -404,5 +412,33 @@ fn attention_gqa_window_batches() {
                 );
             }
         }
+    }
+}
+
+/// A single-token step's probabilities (row 0 of each head): zero where masked or past
+/// the cached positions, and summing to one.
+fn check_probs_row(
+    ctx: &GpuContext,
+    probs: &wgpu::Buffer,
+    len: usize,
+    chunks: Chunks,
+    n_head: u32,
+    n_kv: usize,
+    window: u32,
+) {
+    let got = read_checked(ctx, probs, len, 16);
+    let stride = n_kv.next_multiple_of(4);
+    for h in 0..n_head as usize {
+        let row = &got[h * chunks.tokens as usize * stride..][..stride];
+        let qpos = n_kv - 1;
+        for (j, &pr) in row.iter().enumerate() {
+            let masked = j >= n_kv || (window > 0 && qpos - j >= window as usize);
+            assert!(!masked || pr == 0.0, "head {h} key {j}: {pr} where masked");
+        }
+        let sum: f32 = row.iter().sum();
+        assert!(
+            (sum - 1.0).abs() < 1e-4,
+            "head {h}: probabilities sum to {sum}"
+        );
     }
 }

@@ -48,6 +48,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("softmax_sg", &[STEP, REDUCE_SG], wgsl!("ops/softmax.wgsl")),
     ("attn_out", &[STEP, TT1], wgsl!("ops/attn_out.wgsl")),
     ("attn_out_t8", &[STEP, TT8], wgsl!("ops/attn_out.wgsl")),
+    ("attn_decode", &[STEP], wgsl!("ops/attn_decode.wgsl")),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
     ("glu", &[STEP], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),

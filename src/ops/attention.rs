@@ -1,7 +1,9 @@
 //! Causal multi-head attention over the KV cache with grouped-query heads and an
 //! optional sliding window, in three kernels: scores (`attn_scores.wgsl`), softmax
-//! (`softmax.wgsl`) and the weighted sum of values (`attn_out.wgsl`). The probabilities
-//! stay in their buffer after the step, so tools can show where the model looked.
+//! (`softmax.wgsl`) and the weighted sum of values (`attn_out.wgsl`); single-token steps
+//! run all three as one (`attn_decode.wgsl`) where the device has fixed-size subgroups.
+//! The probabilities stay in their buffer after the step, so tools can show where the
+//! model looked.
 
 use super::{dispatch, groups, op_pipeline, Dispatch, StepInfo, WG};
 use crate::gpu::GpuContext;
@@ -28,7 +30,35 @@ pub fn warm(ctx: &GpuContext) -> Result<()> {
         op_pipeline(ctx, name)?;
     }
     super::reduce_pipeline(ctx, "softmax", &[])?;
+    decode_pipeline(ctx)?;
     Ok(())
+}
+
+/// Most cached positions a single-token step may hold for `attn_decode`: it runs one
+/// workgroup per head, which a long context would leave with too little parallelism on
+/// a real GPU, where the three split kernels spread the keys over the device.
+pub const DECODE_MAX_KV: u32 = 4096;
+
+/// Whether a step's attention runs as `attn_decode` (where the device has it).
+fn decode_fused(s: &StepInfo) -> bool {
+    s.n_tokens == 1 && s.n_kv <= DECODE_MAX_KV
+}
+
+/// `attn_decode`'s pipeline, or None where the device cannot run it: its workgroup must
+/// be one whole subgroup, and it binds five storage buffers.
+fn decode_pipeline(ctx: &GpuContext) -> Result<Option<std::sync::Arc<wgpu::ComputePipeline>>> {
+    let Some(sg) = ctx.fixed_subgroup() else {
+        return Ok(None);
+    };
+    if ctx.limits.max_storage_buffers_per_shader_stage < 5 {
+        return Ok(None);
+    }
+    let consts = [("WG", sg as f64)];
+    ctx.pipelines
+        .get(&ctx.device, "attn_decode", &consts, || {
+            crate::gpu::shaders::op_source("attn_decode")
+        })
+        .map(Some)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -52,6 +82,21 @@ struct ScoreParams {
     window: u32,
     scale: f32,
     t0: u32,
+    tn: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct DecodeParams {
+    head_dim: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    window: u32,
+    scale: f32,
+    /// Halves per row of the transposed V cache.
+    stride: u32,
+    /// Rows per head of the probabilities.
     tn: u32,
     _pad: u32,
 }
@@ -138,6 +183,8 @@ impl Attention {
     /// probs: [n_kv, chunks.tokens, n_head] scratch; out: [head_dim, n_head, n_tokens].
     /// Five dispatches per chunk, of which a step records three (scores, softmax,
     /// weighted sum; one- or four-token tiles); chunks past a step's batch record none.
+    /// Where the device has it, one more for single-token steps (`attn_decode`), which
+    /// then record nothing else.
     #[allow(clippy::too_many_arguments)]
     pub fn gpu(
         &self,
@@ -151,11 +198,43 @@ impl Attention {
         chunks: Chunks,
     ) -> Result<Vec<Dispatch>> {
         self.check()?;
+        let bufs = [q, k_cache, v_cache, probs, out];
+        let fused = self.decode_dispatch(ctx, step, bufs, chunks)?;
         let mut d = Vec::new();
         for c in 0..chunks.count {
-            d.extend(self.gpu_chunk(ctx, step, [q, k_cache, v_cache, probs, out], c, chunks)?);
+            d.extend(self.gpu_chunk(ctx, step, bufs, c, chunks, fused.is_some())?);
         }
+        d.extend(fused);
         Ok(d)
+    }
+
+    /// The single-token steps' one dispatch (`attn_decode.wgsl`) where the device runs
+    /// it: a fixed subgroup size and five storage buffers per stage. It covers steps of
+    /// up to [`DECODE_MAX_KV`] cached positions, which [`decode_fused`] tells apart.
+    fn decode_dispatch(
+        &self,
+        ctx: &GpuContext,
+        step: &wgpu::Buffer,
+        [q, k_cache, v_cache, probs, out]: [&wgpu::Buffer; 5],
+        chunks: Chunks,
+    ) -> Result<Option<Dispatch>> {
+        let Some(pipe) = decode_pipeline(ctx)? else {
+            return Ok(None);
+        };
+        let p = DecodeParams {
+            head_dim: self.head_dim,
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            window: self.window,
+            scale: self.scale,
+            stride: super::kv_store::v_stride(self.n_ctx),
+            tn: chunks.tokens,
+            _pad: 0,
+        };
+        let n_head = self.n_head;
+        let grid = move |s: &StepInfo| [n_head * decode_fused(s) as u32, 1, 1];
+        let bufs = [q, k_cache, v_cache, probs, out];
+        dispatch(ctx, "attn_decode", pipe, step, &p, &bufs, grid).map(Some)
     }
 
     /// The dispatches of chunk `c` (tokens c * tokens ..): buffers as in [`Self::gpu`].
@@ -166,6 +245,7 @@ impl Attention {
         [q, k_cache, v_cache, probs, out]: [&wgpu::Buffer; 5],
         c: u32,
         chunks: Chunks,
+        fused: bool,
     ) -> Result<[Dispatch; 5]> {
         let n_head = self.n_head;
         let (t0, tn) = (c * chunks.tokens, chunks.tokens);
@@ -185,7 +265,13 @@ impl Attention {
         };
         // Single-token steps run the one-token tiles, batches the four-token ones; the
         // other dispatch of each pair has an empty grid and is not recorded.
-        let one = |s: &StepInfo| s.n_tokens == 1;
+        // Steps that `attn_decode` covers record none of these.
+        let one: fn(&StepInfo) -> bool = if fused {
+            |s: &StepInfo| s.n_tokens == 1 && !decode_fused(s)
+        } else {
+            |s: &StepInfo| s.n_tokens == 1
+        };
+        let not_fused = move |s: &StepInfo| !(fused && decode_fused(s)) as u32;
         let scores = |name: &str, tt: u32, on: fn(&StepInfo) -> bool| {
             dispatch(
                 ctx,
@@ -218,7 +304,7 @@ impl Attention {
                 _pad: 0,
             },
             &[probs],
-            move |s| [rows(s), n_head, 1],
+            move |s| [rows(s) * not_fused(s), n_head, 1],
         )?;
         let op = OutParams {
             head_dim: self.head_dim,

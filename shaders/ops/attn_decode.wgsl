@@ -1,0 +1,106 @@
+// Attention of a single-token step in one dispatch: the scores, their softmax and the
+// weighted sum of values that `attn_scores`, `softmax` and `attn_out` compute in three.
+// One workgroup per head, exactly one subgroup of WG lanes, so the softmax's max and sum
+// are subgroup operations and one barrier separates the probabilities from their use.
+// The probabilities are left in `probs` as the three kernels leave them (tools read them).
+//
+// q: [head_dim, n_head] f32; k_cache: [head_dim, n_head_kv, n_ctx] f16, four halves per
+// vec2<u32>; v_cache: [stride, head_dim * n_head_kv] f16 (transposed), four per vec2<u32>
+// probs: [probs_stride(), tn, n_head] f32 (this step's token is row 0 of each head)
+// out: [head_dim, n_head] f32
+
+struct Params {
+    head_dim: u32,
+    n_head: u32,
+    n_head_kv: u32,
+    window: u32, // 0: no sliding window
+    scale: f32,
+    stride: u32, // halves per row of the V cache
+    tn: u32,     // rows per head in `probs`
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read> v_cache: array<vec2<u32>>;
+@group(0) @binding(5) var<storage, read_write> probs: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+
+// Lanes per workgroup: the device's subgroup size.
+override WG: u32 = 8u;
+
+fn half4(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+fn masked(j: u32, qpos: u32) -> bool {
+    return j >= step.n_kv || j > qpos || (p.window > 0u && qpos - j >= p.window);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let h = wid.x;
+    let hkv = h / (p.n_head / p.n_head_kv);
+    let d4 = p.head_dim / 4u;
+    let qpos = step.pos;
+    let n4 = probs_stride() / 4u;
+    let row = h * p.tn * n4;
+    // Scores, four keys per vec4 of the row; lane l takes vec4s l, l + WG, ... and
+    // each q load serves its four keys.
+    var m = -3.0e38;
+    for (var j4 = l; j4 < n4; j4 += WG) {
+        var kb: array<u32, 4>;
+        for (var k = 0u; k < 4u; k++) {
+            kb[k] = (min(4u * j4 + k, step.n_kv - 1u) * p.n_head_kv + hkv) * d4;
+        }
+        var s = vec4<f32>();
+        for (var i = 0u; i < d4; i++) {
+            let qv = q[h * d4 + i];
+            s += vec4<f32>(
+                dot(qv, half4(k_cache[kb[0] + i])),
+                dot(qv, half4(k_cache[kb[1] + i])),
+                dot(qv, half4(k_cache[kb[2] + i])),
+                dot(qv, half4(k_cache[kb[3] + i])),
+            );
+        }
+        let j = 4u * j4;
+        let sm = select(
+            s * p.scale,
+            vec4<f32>(-1.0e30),
+            vec4<bool>(masked(j, qpos), masked(j + 1u, qpos), masked(j + 2u, qpos), masked(j + 3u, qpos)),
+        );
+        probs[row + j4] = sm;
+        m = max(m, max(max(sm.x, sm.y), max(sm.z, sm.w)));
+    }
+    // Softmax over the row: each lane rereads the entries it wrote.
+    let mx = subgroupMax(m);
+    var sum = 0.0;
+    for (var j4 = l; j4 < n4; j4 += WG) {
+        let e = exp(probs[row + j4] - mx);
+        probs[row + j4] = e;
+        sum += e.x + e.y + e.z + e.w;
+    }
+    let inv = 1.0 / subgroupAdd(sum);
+    for (var j4 = l; j4 < n4; j4 += WG) {
+        probs[row + j4] *= inv;
+    }
+    storageBarrier();
+    // Weighted sum: lane l takes dimensions 4 l, 4 (l + WG), ... over every key.
+    let vs = p.stride / 4u;
+    for (var dg = l; dg < d4; dg += WG) {
+        let vb = (hkv * p.head_dim + 4u * dg) * vs;
+        var acc = vec4<f32>();
+        for (var j4 = 0u; j4 < n4; j4++) {
+            let a = half4(v_cache[vb + j4]);
+            let b = half4(v_cache[vb + vs + j4]);
+            let c = half4(v_cache[vb + 2u * vs + j4]);
+            let e = half4(v_cache[vb + 3u * vs + j4]);
+            let pr = probs[row + j4];
+            acc += pr.x * vec4<f32>(a.x, b.x, c.x, e.x) + pr.y * vec4<f32>(a.y, b.y, c.y, e.y)
+                + pr.z * vec4<f32>(a.z, b.z, c.z, e.z) + pr.w * vec4<f32>(a.w, b.w, c.w, e.w);
+        }
+        out[h * d4 + dg] = acc;
+    }
+}
