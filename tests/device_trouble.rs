@@ -194,12 +194,13 @@ fn few_storage_buffers_run_the_products_apart() {
     };
     let (mut apart, _) = load(&few, 16).unwrap();
     assert!(fused.ctx.fused_outputs() && !apart.ctx.fused_outputs());
-    // 30 layers: two dispatches more for Q/K/V and one for gate/up per layer, and
-    // none for the one-dispatch single-token attention, which binds five storage
-    // buffers (the split attention runs there instead).
+    // 30 layers: two dispatches more for Q/K/V and one for gate/up per layer. Two
+    // kernels bind five storage buffers and are replaced there: RoPE with the cache
+    // store (one dispatch more per layer: `rope` and `kv_store`) and the single-token
+    // attention (one recorded dispatch fewer: the split kernels are recorded anyway).
     assert_eq!(
         apart.dispatches_per_step(),
-        fused.dispatches_per_step() + 90 - 30
+        fused.dispatches_per_step() + 90 + 30 - 30
     );
     let ids = tok
         .encode("The capital of France is", false, false)

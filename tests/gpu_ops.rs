@@ -276,6 +276,97 @@ fn rope_both_modes() {
 }
 
 #[test]
+fn rope_store_matches_rope_then_kv_store() {
+    for ctx in contexts() {
+        for mode in [RopeMode::Normal, RopeMode::Neox] {
+            // (head_dim, Q heads, K heads, n_rot, tokens, position): GQA, a partial
+            // rotation, odd positions (V pairs straddling steps), single tokens.
+            for (hd, heads, k_heads, n_rot, toks, pos) in [
+                (64u32, 9u32, 3u32, 64u32, 3u32, 0u32),
+                (256, 4, 1, 256, 1, 21),
+                (64, 3, 3, 32, 5, 17),
+                (32, 2, 2, 32, 1, 0),
+            ] {
+                let r = Rope {
+                    head_dim: hd,
+                    n_heads: heads,
+                    n_rot,
+                    mode,
+                    freq_base: 10000.0,
+                    freq_scale: 0.5,
+                };
+                let (kv_dim, n_ctx) = (hd * k_heads, 64u32);
+                let mut rng = Rng::new((hd + pos) as u64);
+                let q = rng.vec((hd * heads * toks) as usize, 1.0);
+                let k = rng.vec((kv_dim * toks) as usize, 1.0);
+                let v = rng.vec((kv_dim * toks) as usize, 1.0);
+                let old = (pos * kv_dim) as usize;
+                let (k0, v0) = (rng.vec(old, 1.0), rng.vec(old, 1.0));
+                let (kc0, vc0) = kv_store::pack_caches(&k0, &v0, kv_dim as usize, n_ctx);
+                let words =
+                    |w: &[u32]| -> Vec<f32> { w.iter().map(|&x| f32::from_bits(x)).collect() };
+                let step = StepInfo::new(pos, toks);
+                let sb = step_buffer(ctx, &step);
+                // Both paths from the same inputs; each returns (Q, K cache, V cache).
+                let run_path = |fused: bool| {
+                    let (qb, kb, vb) = (
+                        buffer_with_guard(ctx, &q, 16),
+                        buffer_with_guard(ctx, &k, 0),
+                        buffer_with_guard(ctx, &v, 0),
+                    );
+                    let (kcb, vcb) = (
+                        buffer_with_guard(ctx, &words(&kc0), 16),
+                        buffer_with_guard(ctx, &words(&vc0), 16),
+                    );
+                    let d = if fused {
+                        vec![kv_store::gpu_with_rope(
+                            ctx,
+                            &sb,
+                            &r,
+                            &qb,
+                            [&kb, &vb],
+                            [&kcb, &vcb],
+                            kv_dim,
+                            n_ctx,
+                        )
+                        .unwrap()]
+                    } else {
+                        vec![
+                            r.gpu_pair(ctx, &sb, &qb, Some((&kb, k_heads))).unwrap(),
+                            kv_store::gpu(ctx, &sb, &kb, &vb, &kcb, &vcb, kv_dim, n_ctx).unwrap(),
+                        ]
+                    };
+                    run(ctx, &d, &step);
+                    let halves = |b: &wgpu::Buffer| -> Vec<f32> {
+                        read_checked(ctx, b, kc0.len(), 16)
+                            .iter()
+                            .flat_map(|w| {
+                                let b = w.to_bits();
+                                [b as u16, (b >> 16) as u16]
+                                    .map(|h| half::f16::from_bits(h).to_f32())
+                            })
+                            .collect()
+                    };
+                    (
+                        read_checked(ctx, &qb, q.len(), 16),
+                        halves(&kcb),
+                        halves(&vcb),
+                    )
+                };
+                let (want, got) = (run_path(false), run_path(true));
+                let what = format!(
+                    "{mode:?} hd={hd} rot={n_rot} pos={pos} x{toks} on {}",
+                    label(ctx)
+                );
+                assert!(nmse(&got.0, &want.0) < 1e-10, "rope_store Q {what}");
+                assert!(nmse(&got.1, &want.1) < 1e-6, "rope_store K cache {what}");
+                assert_eq!(got.2, want.2, "rope_store V cache {what}");
+            }
+        }
+    }
+}
+
+#[test]
 fn glu_and_add() {
     for ctx in contexts() {
         for act in [Activation::Silu, Activation::GeluTanh] {

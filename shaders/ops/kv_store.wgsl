@@ -39,18 +39,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let k2 = vec2<f32>(k_new[src], k_new[src + 1u]);
         k_cache[((step.pos + u) * p.kv_dim + i) / 2u] = pack2x16float(k2);
     }
-    let j0 = (step.pos / 2u + u) * 2u; // first position of this V pair
-    let end = step.pos + step.n_tokens;
-    if (j0 >= end) {
-        return;
-    }
-    let at = (i * p.stride + j0) / 2u;
-    var v2 = unpack2x16float(v_cache[at]);
-    if (j0 >= step.pos) {
-        v2.x = v_new[(j0 - step.pos) * p.kv_dim + i];
-    }
-    if (j0 + 1u < end) {
-        v2.y = v_new[(j0 + 1u - step.pos) * p.kv_dim + i];
-    }
-    v_cache[at] = pack2x16float(v2);
+    store_v(i, u, p.kv_dim, p.stride);
 }

@@ -37,18 +37,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let second = hh >= p.n_heads;
     let h = select(hh, hh - p.n_heads, second);
     let n_heads = select(p.n_heads, p.n_heads2, second);
-    let pos = f32(step.pos + t);
-    let inv_freq = pow(p.freq_base, -f32(2u * i) / f32(p.n_rot));
-    let theta = pos * p.freq_scale * inv_freq;
-    let c = cos(theta);
-    let s = sin(theta);
-    let base = (t * n_heads + h) * p.head_dim;
-    var a = base + 2u * i;
-    var b = a + 1u;
-    if (p.mode == 2u) {
-        a = base + i;
-        b = a + half_rot;
-    }
+    let cs = rope_cs(step.pos + t, i, p.n_rot, p.freq_base, p.freq_scale);
+    let c = cs.x;
+    let s = cs.y;
+    let ab = (t * n_heads + h) * p.head_dim + rope_pair(i, p.n_rot, p.mode);
+    let a = ab.x;
+    let b = ab.y;
     if (second) {
         let x0 = x2[a];
         let x1 = x2[b];

@@ -16,6 +16,8 @@ const BYTES: &str = wgsl!("common/bytes.wgsl");
 /// The weight binding and its accessors, for kernels that read weights from storage.
 const W_STORAGE: &str = wgsl!("common/w_storage.wgsl");
 const REDUCE: &str = wgsl!("common/reduce.wgsl");
+const ROPE_ANGLE: &str = wgsl!("common/rope_angle.wgsl");
+const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
 /// The same reductions for workgroups of one subgroup (the `_sg` kernels).
 const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
@@ -36,8 +38,13 @@ const OPS: &[(&str, &[&str], &str)] = &[
         &[STEP, REDUCE_SG],
         wgsl!("ops/rms_norm.wgsl"),
     ),
-    ("rope", &[STEP], wgsl!("ops/rope.wgsl")),
-    ("kv_store", &[STEP], wgsl!("ops/kv_store.wgsl")),
+    ("rope", &[STEP, ROPE_ANGLE], wgsl!("ops/rope.wgsl")),
+    ("kv_store", &[STEP, KV_STORE_V], wgsl!("ops/kv_store.wgsl")),
+    (
+        "rope_store",
+        &[STEP, ROPE_ANGLE, KV_STORE_V],
+        wgsl!("ops/rope_store.wgsl"),
+    ),
     ("attn_scores", &[STEP, TT1], wgsl!("ops/attn_scores.wgsl")),
     (
         "attn_scores_t4",

@@ -37,6 +37,46 @@ struct Recorder<'a> {
     plan: Vec<Dispatch>,
 }
 
+impl<'a> Recorder<'a> {
+    /// Layer `il`'s K and V caches.
+    fn cache(&self, il: usize) -> Result<[&'a wgpu::Buffer; 2]> {
+        let (kc, vc) = self
+            .kv
+            .get(il)
+            .ok_or_else(|| Error::model(format!("no KV cache for layer {il}")))?;
+        Ok([kc, vc])
+    }
+
+    /// Attention over layer `il`'s caches, which already hold this step's keys and
+    /// values, and the capture of its probabilities where one is kept.
+    fn attend(
+        &mut self,
+        il: usize,
+        q: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        attn: &Attention,
+    ) -> Result<()> {
+        let [kc, vc] = self.cache(il)?;
+        let d = attn.gpu(self.ctx, self.step, q, kc, vc, self.probs, out, self.chunks)?;
+        self.plan.extend(d);
+        if let Some(cap) = self.capture {
+            let offset = il as u32 * self.n_head * self.n_ctx;
+            let c = ops::attention::capture_gpu(
+                self.ctx,
+                self.step,
+                self.probs,
+                cap,
+                self.n_head,
+                self.n_ctx,
+                offset,
+                self.chunks,
+            )?;
+            self.plan.push(c);
+        }
+        Ok(())
+    }
+}
+
 impl Ops for Recorder<'_> {
     type Act = wgpu::Buffer;
     type Weight = GpuTensor;
@@ -104,6 +144,36 @@ impl Ops for Recorder<'_> {
         Ok(())
     }
 
+    fn rope_attention(
+        &mut self,
+        il: usize,
+        [q, k, v]: [&wgpu::Buffer; 3],
+        out: &wgpu::Buffer,
+        rope: &Rope,
+        k_heads: u32,
+        attn: &Attention,
+    ) -> Result<()> {
+        let caps = self.ctx.limits.max_storage_buffers_per_shader_stage;
+        if caps < ops::kv_store::ROPE_STORE_BUFFERS {
+            self.rope_qk(q, k, rope, k_heads)?;
+            return self.attention(il, q, k, v, out, attn);
+        }
+        let [kc, vc] = self.cache(il)?;
+        let (kv_dim, n_ctx) = (self.kv_dim, self.n_ctx);
+        let d = ops::kv_store::gpu_with_rope(
+            self.ctx,
+            self.step,
+            rope,
+            q,
+            [k, v],
+            [kc, vc],
+            kv_dim,
+            n_ctx,
+        )?;
+        self.plan.push(d);
+        self.attend(il, q, out, attn)
+    }
+
     fn attention(
         &mut self,
         il: usize,
@@ -113,29 +183,10 @@ impl Ops for Recorder<'_> {
         out: &wgpu::Buffer,
         attn: &Attention,
     ) -> Result<()> {
-        let (kc, vc) = self
-            .kv
-            .get(il)
-            .ok_or_else(|| Error::model(format!("no KV cache for layer {il}")))?;
+        let [kc, vc] = self.cache(il)?;
         let store = ops::kv_store::gpu(self.ctx, self.step, k, v, kc, vc, self.kv_dim, self.n_ctx)?;
         self.plan.push(store);
-        let d = attn.gpu(self.ctx, self.step, q, kc, vc, self.probs, out, self.chunks)?;
-        self.plan.extend(d);
-        if let Some(cap) = self.capture {
-            let offset = il as u32 * self.n_head * self.n_ctx;
-            let c = ops::attention::capture_gpu(
-                self.ctx,
-                self.step,
-                self.probs,
-                cap,
-                self.n_head,
-                self.n_ctx,
-                offset,
-                self.chunks,
-            )?;
-            self.plan.push(c);
-        }
-        Ok(())
+        self.attend(il, q, out, attn)
     }
 
     fn glu(

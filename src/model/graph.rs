@@ -51,6 +51,21 @@ pub trait Ops {
             },
         )
     }
+    /// RoPE on Q and K (as [`Ops::rope_qk`]), then [`Ops::attention`]: one call, so a
+    /// backend may rotate K on its way into the cache.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_attention(
+        &mut self,
+        il: usize,
+        [q, k, v]: [&Self::Act; 3],
+        out: &Self::Act,
+        rope: &Rope,
+        k_heads: u32,
+        attn: &Attention,
+    ) -> Result<()> {
+        self.rope_qk(q, k, rope, k_heads)?;
+        self.attention(il, q, k, v, out, attn)
+    }
     /// Append k, v to layer `il`'s cache and attend with q into `out`.
     fn attention(
         &mut self,
@@ -246,13 +261,12 @@ pub fn layer<O: Ops>(
         }
         _ => (&s.q, &s.k),
     };
-    o.rope_qk(q, k, &rope_of(cfg, il, cfg.n_head), cfg.n_head_kv)?;
-    o.attention(
+    o.rope_attention(
         il as usize,
-        q,
-        k,
-        &s.v,
+        [q, k, &s.v],
         &s.attn,
+        &rope_of(cfg, il, cfg.n_head),
+        cfg.n_head_kv,
         &attention_of(cfg, il, n_ctx),
     )?;
     residual(o, cfg, &w.wo, &s.attn, &w.post_attn_norm, s)?;

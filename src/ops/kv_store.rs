@@ -1,8 +1,10 @@
-//! Appending a batch's keys and values to the KV cache (`shaders/ops/kv_store.wgsl`).
+//! Appending a batch's keys and values to the KV cache (`shaders/ops/kv_store.wgsl`),
+//! or that with the layer's RoPE in the same dispatch (`shaders/ops/rope_store.wgsl`).
 //!
 //! The cache holds f16 values, two per u32: half the memory of f32 and what llama.cpp
 //! keeps by default, read back to f32 inside the attention kernels.
 
+use super::rope::Rope;
 use super::{dispatch, groups, op_pipeline, Dispatch, WG};
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
@@ -39,11 +41,7 @@ pub fn gpu(
     kv_dim: u32,
     n_ctx: u32,
 ) -> Result<Dispatch> {
-    if kv_dim % 2 != 0 {
-        return Err(Error::model(format!(
-            "KV cache: {kv_dim} values per position (the f16 cache packs pairs; need an even count)"
-        )));
-    }
+    check_kv_dim(kv_dim)?;
     let pipe = op_pipeline(ctx, "kv_store")?;
     let p = Params {
         kv_dim,
@@ -60,6 +58,72 @@ pub fn gpu(
         &[k_new, v_new, k_cache, v_cache],
         move |s| [groups(kv_dim, WG), s.n_tokens, 1],
     )
+}
+
+fn check_kv_dim(kv_dim: u32) -> Result<()> {
+    if kv_dim % 2 != 0 {
+        return Err(Error::model(format!(
+            "KV cache: {kv_dim} values per position (the f16 cache packs pairs; need an even count)"
+        )));
+    }
+    Ok(())
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct RopeStoreParams {
+    head_dim: u32,
+    n_heads: u32,
+    n_rot: u32,
+    mode: u32,
+    freq_base: f32,
+    freq_scale: f32,
+    kv_dim: u32,
+    stride: u32,
+    _pad: [u32; 4],
+}
+
+/// Storage buffers `rope_store` binds: devices with fewer run `rope` and `kv_store`.
+pub const ROPE_STORE_BUFFERS: u32 = 5;
+
+/// `rope` on q (`rope`'s heads, in place) and on k, with k and v appended to the
+/// caches as [`gpu`] appends them, in one dispatch. k_new is left unrotated: the
+/// rotated keys go to the cache only.
+#[allow(clippy::too_many_arguments)]
+pub fn gpu_with_rope(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    rope: &Rope,
+    q: &wgpu::Buffer,
+    [k_new, v_new]: [&wgpu::Buffer; 2],
+    [k_cache, v_cache]: [&wgpu::Buffer; 2],
+    kv_dim: u32,
+    n_ctx: u32,
+) -> Result<Dispatch> {
+    check_kv_dim(kv_dim)?;
+    if kv_dim % rope.head_dim != 0 || rope.head_dim % 2 != 0 {
+        return Err(Error::model(format!(
+            "KV cache: {kv_dim} values per position are not whole heads of {}",
+            rope.head_dim
+        )));
+    }
+    let n = (rope.n_rot / 2 * rope.n_heads).max(kv_dim);
+    let p = RopeStoreParams {
+        head_dim: rope.head_dim,
+        n_heads: rope.n_heads,
+        n_rot: rope.n_rot,
+        mode: rope.mode as u32,
+        freq_base: rope.freq_base,
+        freq_scale: rope.freq_scale,
+        kv_dim,
+        stride: v_stride(n_ctx),
+        _pad: [0; 4],
+    };
+    let bufs = [q, k_new, v_new, k_cache, v_cache];
+    let pipe = op_pipeline(ctx, "rope_store")?;
+    dispatch(ctx, "rope_store", pipe, step, &p, &bufs, move |s| {
+        [groups(n, WG), s.n_tokens, 1]
+    })
 }
 
 /// The GPU layouts of caches holding positions 0..n: k and v are [kv_dim, n] f32;
