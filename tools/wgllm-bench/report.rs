@@ -78,15 +78,9 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
     }
     let ctx = crate::context(&a.device)?;
     let timer = Timer::new(&ctx, !a.host_clock);
-    let shapes: Vec<kernels::Shape> = match &a.shape {
+    let shapes = match &a.shape {
         None => kernels::shapes(),
-        Some(f) => kernels::shapes()
-            .into_iter()
-            .filter(|s| {
-                f.split(',')
-                    .any(|p| p == format!("{}x{}", s.k, s.n) || s.name.contains(p))
-            })
-            .collect(),
+        Some(f) => pick_shapes(f)?,
     };
     let plan = Plan {
         types: list(&a.types, parse_type)?.unwrap_or(kernels::DEFAULT_TYPES.to_vec()),
@@ -291,4 +285,40 @@ fn compare(cases: &[Case], variants: &[Variant]) -> String {
         s.push('\n');
     }
     s
+}
+
+/// The shapes `--shape` names: each comma-separated part is `KxN` (a known shape of that
+/// size, or a new one) or part of known shapes' names, which must match one at least.
+fn pick_shapes(list: &str) -> Result<Vec<kernels::Shape>> {
+    let known = kernels::shapes();
+    let mut out: Vec<kernels::Shape> = Vec::new();
+    for part in list.split(',').map(str::trim) {
+        let size = part
+            .split_once('x')
+            .and_then(|(k, n)| Some((k.parse::<u64>().ok()?, n.parse::<u64>().ok()?)));
+        let found: Vec<kernels::Shape> = match size {
+            Some((k, n)) => {
+                let same: Vec<_> = known.iter().filter(|s| s.k == k && s.n == n).cloned().collect();
+                if same.is_empty() && k > 0 && n > 0 {
+                    vec![kernels::Shape { name: "custom", k, n }]
+                } else {
+                    same
+                }
+            }
+            None => known.iter().filter(|s| s.name.contains(part)).cloned().collect(),
+        };
+        if found.is_empty() {
+            let names: Vec<&str> = known.iter().map(|s| s.name).collect();
+            return Err(Error::invalid(format!(
+                "--shape {part}: not KxN (both above 0) and no shape is named like it; shapes: {}",
+                names.join(", ")
+            )));
+        }
+        for s in found {
+            if !out.iter().any(|o| o.k == s.k && o.n == s.n) {
+                out.push(s);
+            }
+        }
+    }
+    Ok(out)
 }
