@@ -93,13 +93,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let vb = (hkv * p.head_dim + 4u * dg) * vs;
         var acc = vec4<f32>();
         for (var j4 = 0u; j4 < n4; j4++) {
-            let a = half4(v_cache[vb + j4]);
-            let b = half4(v_cache[vb + vs + j4]);
-            let c = half4(v_cache[vb + 2u * vs + j4]);
-            let e = half4(v_cache[vb + 3u * vs + j4]);
-            let pr = probs[row + j4];
-            acc += pr.x * vec4<f32>(a.x, b.x, c.x, e.x) + pr.y * vec4<f32>(a.y, b.y, c.y, e.y)
-                + pr.z * vec4<f32>(a.z, b.z, c.z, e.z) + pr.w * vec4<f32>(a.w, b.w, c.w, e.w);
+            acc += probs[row + j4] * v_block(vb, vs, j4);
         }
         out[h * d4 + dg] = acc;
     }

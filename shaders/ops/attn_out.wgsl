@@ -34,10 +34,6 @@ override WG: u32 = 64u;
 // TT, the tokens per tile, comes before this file (gpu::shaders).
 
 // Positions j .. j + 3 of one V row (vec2 index `i`) as floats.
-fn v4(i: u32) -> vec4<f32> {
-    let w = v_cache[i];
-    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -64,15 +60,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let n = (min(step.pos + min(p.t0 + r0 + TT, t_end), step.n_kv) + 3u) / 4u;
     var acc: array<vec4<f32>, TT>;
     for (var j = 0u; j < n; j++) {
-        // v[dim i][key j4 + c] for the tile's 4 dimensions.
-        let a = v4(vb + j);
-        let b = v4(vb + vs + j);
-        let c = v4(vb + 2u * vs + j);
-        let e = v4(vb + 3u * vs + j);
+        // v[dim i][key 4 j + c] for the tile's 4 dimensions.
+        let vj = v_block(vb, vs, j);
         for (var k = 0u; k < TT; k++) {
-            let pr = probs[pb[k] + j];
-            acc[k] += pr.x * vec4<f32>(a.x, b.x, c.x, e.x) + pr.y * vec4<f32>(a.y, b.y, c.y, e.y)
-                + pr.z * vec4<f32>(a.z, b.z, c.z, e.z) + pr.w * vec4<f32>(a.w, b.w, c.w, e.w);
+            acc[k] += probs[pb[k] + j] * vj;
         }
     }
     for (var k = 0u; k < TT; k++) {

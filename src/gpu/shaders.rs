@@ -18,6 +18,7 @@ const W_STORAGE: &str = wgsl!("common/w_storage.wgsl");
 const REDUCE: &str = wgsl!("common/reduce.wgsl");
 const ROPE_ANGLE: &str = wgsl!("common/rope_angle.wgsl");
 const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
+const ATTN_V: &str = wgsl!("common/attn_v.wgsl");
 /// The same reductions for workgroups of one subgroup (the `_sg` kernels).
 const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
@@ -53,9 +54,17 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ),
     ("softmax", &[STEP, REDUCE], wgsl!("ops/softmax.wgsl")),
     ("softmax_sg", &[STEP, REDUCE_SG], wgsl!("ops/softmax.wgsl")),
-    ("attn_out", &[STEP, TT1], wgsl!("ops/attn_out.wgsl")),
-    ("attn_out_t8", &[STEP, TT8], wgsl!("ops/attn_out.wgsl")),
-    ("attn_decode", &[STEP], wgsl!("ops/attn_decode.wgsl")),
+    ("attn_out", &[STEP, TT1, ATTN_V], wgsl!("ops/attn_out.wgsl")),
+    (
+        "attn_out_t8",
+        &[STEP, TT8, ATTN_V],
+        wgsl!("ops/attn_out.wgsl"),
+    ),
+    (
+        "attn_decode",
+        &[STEP, ATTN_V],
+        wgsl!("ops/attn_decode.wgsl"),
+    ),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
     ("glu", &[STEP], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),

@@ -298,14 +298,26 @@ fn pick_shapes(list: &str) -> Result<Vec<kernels::Shape>> {
             .and_then(|(k, n)| Some((k.parse::<u64>().ok()?, n.parse::<u64>().ok()?)));
         let found: Vec<kernels::Shape> = match size {
             Some((k, n)) => {
-                let same: Vec<_> = known.iter().filter(|s| s.k == k && s.n == n).cloned().collect();
+                let same: Vec<_> = known
+                    .iter()
+                    .filter(|s| s.k == k && s.n == n)
+                    .cloned()
+                    .collect();
                 if same.is_empty() && k > 0 && n > 0 {
-                    vec![kernels::Shape { name: "custom", k, n }]
+                    vec![kernels::Shape {
+                        name: "custom",
+                        k,
+                        n,
+                    }]
                 } else {
                     same
                 }
             }
-            None => known.iter().filter(|s| s.name.contains(part)).cloned().collect(),
+            None => known
+                .iter()
+                .filter(|s| s.name.contains(part))
+                .cloned()
+                .collect(),
         };
         if found.is_empty() {
             let names: Vec<&str> = known.iter().map(|s| s.name).collect();
