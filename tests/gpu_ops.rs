@@ -303,8 +303,6 @@ fn rope_store_matches_rope_then_kv_store() {
                 let old = (pos * kv_dim) as usize;
                 let (k0, v0) = (rng.vec(old, 1.0), rng.vec(old, 1.0));
                 let (kc0, vc0) = kv_store::pack_caches(&k0, &v0, kv_dim as usize, n_ctx);
-                let words =
-                    |w: &[u32]| -> Vec<f32> { w.iter().map(|&x| f32::from_bits(x)).collect() };
                 let step = StepInfo::new(pos, toks);
                 let sb = step_buffer(ctx, &step);
                 // Both paths from the same inputs; each returns (Q, K cache, V cache).
@@ -462,7 +460,6 @@ fn attention_gqa_window_batches() {
             let v_new = &v_all[old..];
             let step = StepInfo::new(pos, toks);
             let sb = step_buffer(ctx, &step);
-            let words = |w: &[u32]| -> Vec<f32> { w.iter().map(|&x| f32::from_bits(x)).collect() };
             let (knb, vnb) = (
                 buffer_with_guard(ctx, k_new, 0),
                 buffer_with_guard(ctx, v_new, 0),

@@ -35,10 +35,6 @@ fn half4(w: vec2<u32>) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 
-fn masked(j: u32, qpos: u32) -> bool {
-    return j >= step.n_kv || j > qpos || (p.window > 0u && qpos - j >= p.window);
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l: u32) {
     let h = wid.x;

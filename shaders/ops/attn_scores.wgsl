@@ -34,10 +34,6 @@ override WG: u32 = 64u;
 // Keys per tile; TT, the tokens per tile, comes before this file (gpu::shaders).
 const TK: u32 = 4u;
 
-fn masked(j: u32, qpos: u32) -> bool {
-    return j > qpos || (p.window > 0u && qpos - j >= p.window);
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let j0 = gid.x * TK;

@@ -7,18 +7,19 @@
 // unrotated); k_cache, v_cache: as in kv_store.wgsl.
 
 struct Params {
+    // As rope.wgsl's (Rust `rope::Params`).
     head_dim: u32,
     n_heads: u32, // Q's heads
     n_rot: u32,
     mode: u32,
     freq_base: f32,
     freq_scale: f32,
+    _heads2: u32, // unused here
+    _pad0: u32,
     kv_dim: u32,
     stride: u32, // V row length in halves (even)
-    _pad0: u32,
     _pad1: u32,
     _pad2: u32,
-    _pad3: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;

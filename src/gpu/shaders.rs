@@ -19,6 +19,7 @@ const REDUCE: &str = wgsl!("common/reduce.wgsl");
 const ROPE_ANGLE: &str = wgsl!("common/rope_angle.wgsl");
 const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
 const ATTN_V: &str = wgsl!("common/attn_v.wgsl");
+const ATTN_MASK: &str = wgsl!("common/attn_mask.wgsl");
 /// The same reductions for workgroups of one subgroup (the `_sg` kernels).
 const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
@@ -46,10 +47,14 @@ const OPS: &[(&str, &[&str], &str)] = &[
         &[STEP, ROPE_ANGLE, KV_STORE_V],
         wgsl!("ops/rope_store.wgsl"),
     ),
-    ("attn_scores", &[STEP, TT1], wgsl!("ops/attn_scores.wgsl")),
+    (
+        "attn_scores",
+        &[STEP, TT1, ATTN_MASK],
+        wgsl!("ops/attn_scores.wgsl"),
+    ),
     (
         "attn_scores_t4",
-        &[STEP, TT4],
+        &[STEP, TT4, ATTN_MASK],
         wgsl!("ops/attn_scores.wgsl"),
     ),
     ("softmax", &[STEP, REDUCE], wgsl!("ops/softmax.wgsl")),
@@ -62,7 +67,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "attn_decode",
-        &[STEP, ATTN_V],
+        &[STEP, ATTN_V, ATTN_MASK],
         wgsl!("ops/attn_decode.wgsl"),
     ),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),

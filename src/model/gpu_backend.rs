@@ -153,8 +153,7 @@ impl Ops for Recorder<'_> {
         k_heads: u32,
         attn: &Attention,
     ) -> Result<()> {
-        let caps = self.ctx.limits.max_storage_buffers_per_shader_stage;
-        if caps < ops::kv_store::ROPE_STORE_BUFFERS {
+        if !ops::kv_store::rope_store_available(self.ctx) {
             self.rope_qk(q, k, rope, k_heads)?;
             return self.attention(il, q, k, v, out, attn);
         }

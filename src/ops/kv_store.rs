@@ -72,19 +72,21 @@ fn check_kv_dim(kv_dim: u32) -> Result<()> {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 struct RopeStoreParams {
-    head_dim: u32,
-    n_heads: u32,
-    n_rot: u32,
-    mode: u32,
-    freq_base: f32,
-    freq_scale: f32,
+    /// Q's rotation, as `rope` takes it (its second tensor's heads unused).
+    rope: super::rope::Params,
     kv_dim: u32,
     stride: u32,
-    _pad: [u32; 4],
+    _pad: [u32; 2],
 }
 
-/// Storage buffers `rope_store` binds: devices with fewer run `rope` and `kv_store`.
-pub const ROPE_STORE_BUFFERS: u32 = 5;
+/// Storage buffers `rope_store` binds.
+const ROPE_STORE_BUFFERS: u32 = 5;
+
+/// Whether `ctx` runs [`gpu_with_rope`]; devices that bind fewer storage buffers per
+/// stage run `rope` and [`gpu`] apart.
+pub fn rope_store_available(ctx: &GpuContext) -> bool {
+    ctx.limits.max_storage_buffers_per_shader_stage >= ROPE_STORE_BUFFERS
+}
 
 /// `rope` on q (`rope`'s heads, in place) and on k, with k and v appended to the
 /// caches as [`gpu`] appends them, in one dispatch. k_new is left unrotated: the
@@ -109,15 +111,10 @@ pub fn gpu_with_rope(
     }
     let n = (rope.n_rot / 2 * rope.n_heads).max(kv_dim);
     let p = RopeStoreParams {
-        head_dim: rope.head_dim,
-        n_heads: rope.n_heads,
-        n_rot: rope.n_rot,
-        mode: rope.mode as u32,
-        freq_base: rope.freq_base,
-        freq_scale: rope.freq_scale,
+        rope: rope.params(),
         kv_dim,
         stride: v_stride(n_ctx),
-        _pad: [0; 4],
+        _pad: [0; 2],
     };
     let bufs = [q, k_new, v_new, k_cache, v_cache];
     let pipe = op_pipeline(ctx, "rope_store")?;

@@ -501,21 +501,41 @@ fn gpu_out(
         return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu, store);
     }
     let pipe = pipeline(ctx, w.ty, v, store)?;
+    let on = |_: &StepInfo| true;
+    part_dispatches(ctx, (v, &pipe), step, w, (x, out), cols, (0, u32::MAX), on)
+}
+
+/// One dispatch per part of W with `pipe` (variant `v`), reading activations from `x`
+/// (storage, or the uniform copy) for output tokens `tok0 .. tok0 + tok_n`; a step
+/// for which `on` is false gets an empty grid.
+#[allow(clippy::too_many_arguments)]
+fn part_dispatches(
+    ctx: &GpuContext,
+    (v, pipe): (Variant, &std::sync::Arc<wgpu::ComputePipeline>),
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    (x, out): (&wgpu::Buffer, &Outputs<'_>),
+    cols: Columns,
+    toks: (u32, u32),
+    on: impl Fn(&StepInfo) -> bool + Copy + Send + Sync + 'static,
+) -> Result<Vec<Dispatch>> {
+    // Only the windowed walks read the window fields.
     let window = match v {
-        Variant::Win => Window::of(w.ty)?,
+        Variant::Win | Variant::WinU => Window::of(w.ty)?,
         _ => Window::NONE,
     };
     let max_groups = ctx.limits.max_compute_workgroups_per_dimension.max(1);
-    let mut plan = Vec::new();
-    for part in &w.parts {
-        let label = format!("mul_mat {}", w.name);
-        let buffers = out.buffers(&part.buffer, x);
-        let wp = WinParams::new(w, part, cols, out, window, (0, u32::MAX));
-        let g = grid(v, part.n_rows, max_groups);
-        let d = dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, move |_| g)?;
-        plan.push(d);
-    }
-    Ok(plan)
+    let label = format!("mul_mat {}", w.name);
+    w.parts
+        .iter()
+        .map(|part| {
+            let wp = WinParams::new(w, part, cols, out, window, toks);
+            let g = grid(v, part.n_rows, max_groups);
+            let buffers = out.buffers(&part.buffer, x);
+            let grid = move |s: &StepInfo| if on(s) { g } else { [0, 1, 1] };
+            dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, grid)
+        })
+        .collect()
 }
 
 /// The variant that actually runs `v` for rows of `n_cols` elements of type `ty`.
@@ -618,11 +638,6 @@ fn gpu_uniform_x(
 ) -> Result<Vec<Dispatch>> {
     let pipe = pipeline(ctx, w.ty, v, store)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
-    let win = match v {
-        Variant::WinU => Window::of(w.ty)?,
-        _ => Window::NONE,
-    };
-    let max_groups = ctx.limits.max_compute_workgroups_per_dimension.max(1);
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {
         Columns::Last => 1,
@@ -667,19 +682,17 @@ fn gpu_uniform_x(
             &[x, &xu],
             move |s| [if live(s) { groups(n_copy, WG) } else { 0 }, 1, 1],
         )?);
-        for part in &w.parts {
-            let wp = WinParams::new(w, part, cols, out, win, (tok0, tok_n));
-            let g = grid(v, part.n_rows, max_groups);
-            plan.push(dispatch(
-                ctx,
-                &format!("mul_mat {}", w.name),
-                pipe.clone(),
-                step,
-                &wp,
-                &out.buffers(&part.buffer, &xu),
-                move |s| if live(s) { g } else { [0, 1, 1] },
-            )?);
-        }
+        let toks = (tok0, tok_n);
+        plan.extend(part_dispatches(
+            ctx,
+            (v, &pipe),
+            step,
+            w,
+            (&xu, out),
+            cols,
+            toks,
+            live,
+        )?);
     }
     Ok(plan)
 }

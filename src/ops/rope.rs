@@ -35,7 +35,8 @@ pub struct Rope {
 }
 
 impl Rope {
-    fn params(&self) -> Params {
+    /// The kernel parameters (`rope.wgsl`; also the head of `rope_store.wgsl`'s).
+    pub(crate) fn params(&self) -> Params {
         Params {
             head_dim: self.head_dim,
             n_heads: self.n_heads,

@@ -75,6 +75,11 @@ pub fn nmse(got: &[f32], want: &[f32]) -> f64 {
 /// Value written into guard regions; a kernel writing out of bounds changes it.
 pub const GUARD: f32 = 1234.5;
 
+/// Packed words (f16 caches) seen as f32s, to upload through [`buffer_with_guard`].
+pub fn words(w: &[u32]) -> Vec<f32> {
+    w.iter().map(|&x| f32::from_bits(x)).collect()
+}
+
 /// A storage buffer holding `data` followed by `guard` guard values.
 pub fn buffer_with_guard(ctx: &GpuContext, data: &[f32], guard: usize) -> wgpu::Buffer {
     let mut v = data.to_vec();
