@@ -2,13 +2,16 @@
 //!
 //! Recording binds uploaded buffers, so it waits for the upload; the pipelines it binds
 //! need only the weights' types. [`warm`] walks the same graph over the file's tensor
-//! table and compiles the matmul and attention kernels, on a thread of its own, while
-//! the weights upload: on lavapipe those kernels take 0.15-0.3 s to build, longer than
+//! table for the embedding, matmul and attention kernels and compiles them on threads
+//! of their own (one per core, each taking the next pipeline) while the weights upload:
+//! on lavapipe those kernels take 0.17-0.3 s to build one after another, longer than
 //! the upload itself. Recording then finds them in the cache (or waits for the one in
 //! progress). Warming is only ahead-of-time work: its errors are dropped, and recording
 //! reports any that are real.
 
+use std::collections::HashSet;
 use std::ops::Range;
+use std::sync::Mutex;
 
 use super::config::Config;
 use super::graph::{self, Ops};
@@ -19,7 +22,7 @@ use crate::ops::attention::Attention;
 use crate::ops::glu::Activation;
 use crate::ops::mul_mat::{self, Columns};
 use crate::ops::rope::Rope;
-use crate::ops::Store;
+use crate::ops::WarmJob;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -30,15 +33,25 @@ struct Shape {
     n_cols: u64,
 }
 
-/// [`Ops`] that compile pipelines instead of recording dispatches.
+/// Most threads that compile at once: each holds a compiler's working memory.
+const MAX_THREADS: usize = 4;
+
+/// [`Ops`] that list the pipelines to compile instead of recording dispatches.
 struct Warm<'a> {
     ctx: &'a GpuContext,
+    jobs: Vec<WarmJob<'a>>,
+    mats: HashSet<(GgmlType, u64)>,
     attention: bool,
 }
 
 impl Warm<'_> {
-    fn mat(&self, w: &Shape, store: Store) -> Result<()> {
-        mul_mat::warm(self.ctx, w.ty, w.n_cols, store)
+    fn mat(&mut self, w: &Shape) -> Result<()> {
+        if self.mats.insert((w.ty, w.n_cols)) {
+            let (ctx, ty, n_cols) = (self.ctx, w.ty, w.n_cols);
+            self.jobs
+                .push(Box::new(move || mul_mat::warm(ctx, ty, n_cols)));
+        }
+        Ok(())
     }
 }
 
@@ -46,7 +59,10 @@ impl Ops for Warm<'_> {
     type Act = ();
     type Weight = Shape;
 
-    fn embed(&mut self, _: &Shape, _: &(), _: f32) -> Result<()> {
+    fn embed(&mut self, w: &Shape, _: &(), _: f32) -> Result<()> {
+        let (ctx, ty) = (self.ctx, w.ty);
+        self.jobs
+            .push(Box::new(move || crate::ops::get_rows::warm(ctx, ty)));
         Ok(())
     }
 
@@ -55,7 +71,7 @@ impl Ops for Warm<'_> {
     }
 
     fn mul_mat(&mut self, w: &Shape, _: &(), _: &(), _: Columns) -> Result<()> {
-        self.mat(w, Store::Write)
+        self.mat(w)
     }
 
     fn rope(&mut self, _: &(), _: &Rope) -> Result<()> {
@@ -66,7 +82,7 @@ impl Ops for Warm<'_> {
         // Once: every layer runs the same kernels.
         if !self.attention {
             self.attention = true;
-            crate::ops::attention::warm(self.ctx)?;
+            self.jobs.extend(crate::ops::attention::warm_jobs(self.ctx));
         }
         Ok(())
     }
@@ -80,11 +96,11 @@ impl Ops for Warm<'_> {
     }
 
     fn mul_mat_add(&mut self, w: &Shape, _: &(), _: &(), _: &(), _: u32) -> Result<()> {
-        self.mat(w, Store::Add)
+        self.mat(w)
     }
 
     fn mul_mat_rows(&mut self, w: &Shape, _: &(), _: &[&()], _: &[u32]) -> Result<()> {
-        self.mat(w, Store::Write)
+        self.mat(w)
     }
 }
 
@@ -121,8 +137,13 @@ pub fn warm(
     };
     let mut o = Warm {
         ctx,
+        jobs: Vec::new(),
+        mats: HashSet::new(),
         attention: false,
     };
+    if layers.start == 0 {
+        graph::embed(&mut o, cfg, &shape("token_embd.weight")?, &scratch)?;
+    }
     for il in layers.clone() {
         let w = weights::layer(file, cfg, il, &mut shape, &mut |names| {
             fused_shape(ctx, file, names)
@@ -137,7 +158,33 @@ pub fn warm(
         let norm = shape("output_norm.weight")?;
         graph::head(&mut o, cfg, &norm, &output, &scratch, &(), Columns::Last)?;
     }
+    run(o.jobs);
     Ok(())
+}
+
+/// Run `jobs` on up to one thread per core, this one included, each taking the next
+/// job in graph order (the order recording will want them in).
+fn run(jobs: Vec<WarmJob<'_>>) {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cores.clamp(1, MAX_THREADS).min(jobs.len());
+    let queue = Mutex::new(jobs.into_iter());
+    let work = || loop {
+        let job = match queue.lock() {
+            Ok(mut q) => q.next(),
+            Err(_) => None,
+        };
+        match job {
+            // Errors are recording's to report.
+            Some(job) => drop(job()),
+            None => break,
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 1..threads {
+            s.spawn(work);
+        }
+        work();
+    });
 }
 
 /// The shape of the matrix `names` fuse into on the GPU, if they do.

@@ -5,7 +5,7 @@
 //! The probabilities stay in their buffer after the step, so tools can show where the
 //! model looked.
 
-use super::{dispatch, groups, op_pipeline, Dispatch, StepInfo, WG};
+use super::{dispatch, groups, op_pipeline, Dispatch, StepInfo, WarmJob, WG};
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
 
@@ -24,14 +24,18 @@ const KERNELS: [&str; 5] = [
     "attn_out_t8",
 ];
 
-/// Compile (or find) the attention pipelines ahead of recording, on any thread.
-pub fn warm(ctx: &GpuContext) -> Result<()> {
-    for name in KERNELS {
-        op_pipeline(ctx, name)?;
-    }
-    super::reduce_pipeline(ctx, "softmax", &[])?;
-    decode_pipeline(ctx)?;
-    Ok(())
+/// Compiling (or finding) each attention pipeline ahead of recording, one job per
+/// pipeline, for any thread.
+pub fn warm_jobs(ctx: &GpuContext) -> Vec<WarmJob<'_>> {
+    let mut jobs: Vec<WarmJob<'_>> = KERNELS
+        .into_iter()
+        .map(|name| Box::new(move || op_pipeline(ctx, name).map(drop)) as WarmJob<'_>)
+        .collect();
+    jobs.push(Box::new(move || {
+        super::reduce_pipeline(ctx, "softmax", &[]).map(drop)
+    }));
+    jobs.push(Box::new(move || decode_pipeline(ctx).map(drop)));
+    jobs
 }
 
 /// Most cached positions a single-token step may hold for `attn_decode`: it runs one

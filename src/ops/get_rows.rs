@@ -1,7 +1,10 @@
 //! Embedding lookup with in-kernel dequantization (`shaders/ops/get_rows.wgsl`).
 
+use std::sync::Arc;
+
 use super::{dispatch, groups, Dispatch, WG};
 use crate::gpu::{GpuContext, GpuTensor};
+use crate::quant::GgmlType;
 use crate::{Error, Result};
 
 #[repr(C)]
@@ -13,6 +16,23 @@ pub struct Params {
     pub row0: u32,
     pub scale: f32,
     pub _pad: [u32; 3],
+}
+
+/// The pipeline for weights of type `ty`.
+fn pipeline(ctx: &GpuContext, ty: GgmlType) -> Result<Arc<wgpu::ComputePipeline>> {
+    let layout = super::mul_mat::weight_layout(false);
+    ctx.pipelines.get_laid_out(
+        &ctx.device,
+        &format!("get_rows_{ty}"),
+        &[("WG", WG as f64)],
+        Some(&layout),
+        || crate::gpu::shaders::quant_source("get_rows", ty),
+    )
+}
+
+/// Compile (or find) the pipeline [`gpu`] uses for weights of type `ty`, on any thread.
+pub fn warm(ctx: &GpuContext, ty: GgmlType) -> Result<()> {
+    pipeline(ctx, ty).map(drop)
 }
 
 /// out[:, t] = W[:, ids[t]] * scale; out: [n_cols, n_tokens]. One dispatch per part of W.
@@ -32,15 +52,7 @@ pub fn gpu(
         )));
     }
     let label = format!("get_rows_{}", w.ty);
-    let ty = w.ty;
-    let layout = super::mul_mat::weight_layout(false);
-    let pipe = ctx.pipelines.get_laid_out(
-        &ctx.device,
-        &label,
-        &[("WG", WG as f64)],
-        Some(&layout),
-        || crate::gpu::shaders::quant_source("get_rows", ty),
-    )?;
+    let pipe = pipeline(ctx, w.ty)?;
     let chunks = (w.n_cols() / 32) as u32;
     let mut v = Vec::new();
     for part in &w.parts {

@@ -141,6 +141,10 @@ pub(crate) fn groups(n: u32, wg: u32) -> u32 {
 /// The default workgroup size of element-wise kernels.
 pub(crate) const WG: u32 = 64;
 
+/// Building one pipeline into the context's cache ahead of recording, on any thread
+/// (`model::gpu_warm`).
+pub type WarmJob<'a> = Box<dyn FnOnce() -> crate::Result<()> + Send + 'a>;
+
 /// The pipeline of a type-independent kernel.
 pub(crate) fn op_pipeline(
     ctx: &GpuContext,

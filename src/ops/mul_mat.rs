@@ -20,7 +20,8 @@ pub struct Params {
     pub x_stride: u32,
     pub y_stride: u32,
     pub last_only: u32,
-    pub _pad: u32,
+    /// 1: add the product to the output ([`Store::Add`]).
+    pub acc: u32,
 }
 
 /// Which activation columns to multiply.
@@ -176,7 +177,6 @@ pub(crate) fn pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
-    store: Store,
 ) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
@@ -185,7 +185,7 @@ pub(crate) fn pipeline(
     } else {
         format!("{}_{ty}_1out", v.shader())
     };
-    let mut consts: Vec<(&str, f64)> = match v {
+    let consts: Vec<(&str, f64)> = match v {
         Variant::Row => vec![("WG", WG as f64)],
         Variant::Win | Variant::WinU => {
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
@@ -200,7 +200,6 @@ pub(crate) fn pipeline(
             ]
         }
     };
-    consts.push(("ACC", (store == Store::Add) as u8 as f64));
     let layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU));
     let layout = if fused { &layout[..] } else { &layout[..6] };
     ctx.pipelines
@@ -294,7 +293,7 @@ impl WinParams {
                 x_stride: (w.n_cols() / 4) as u32,
                 y_stride: out.y_stride,
                 last_only: (cols == Columns::Last) as u32,
-                _pad: 0,
+                acc: (out.store == Store::Add) as u32,
             },
             win_chunks: win.chunks,
             win_bytes: win.bytes,
@@ -389,8 +388,8 @@ pub fn gpu_variant(
     cols: Columns,
     store: Store,
 ) -> Result<Vec<Dispatch>> {
-    let out = Outputs::plain(ctx, y, w.n_rows());
-    gpu_out(ctx, v, step, w, x, &out, cols, store)
+    let out = Outputs::plain(ctx, y, w.n_rows(), store);
+    gpu_out(ctx, v, step, w, x, &out, cols)
 }
 
 /// ys[i] = rows `rows[i]` of W x, for a W holding several products' rows one after
@@ -431,7 +430,7 @@ pub fn gpu_rows_variant(
         )));
     }
     let out = Outputs::fused(ctx, ys, rows)?;
-    gpu_out(ctx, v, step, w, x, &out, Columns::All, Store::Write)
+    gpu_out(ctx, v, step, w, x, &out, Columns::All)
 }
 
 /// Where a dispatch's products go: up to three buffers and the rows of each.
@@ -442,16 +441,19 @@ struct Outputs<'a> {
     seg: Segments,
     /// Floats between the first output's columns.
     y_stride: u32,
+    /// Whether the products replace the outputs or are added to them (`Params.acc`).
+    store: Store,
 }
 
 impl<'a> Outputs<'a> {
-    fn plain(ctx: &'a GpuContext, y: &'a wgpu::Buffer, n_rows: u64) -> Outputs<'a> {
+    fn plain(ctx: &'a GpuContext, y: &'a wgpu::Buffer, n_rows: u64, store: Store) -> Outputs<'a> {
         let spare = &ctx.unused_output;
         Outputs {
             bound: ctx.fused_outputs(),
             ys: [y, spare, spare],
             seg: Segments::NONE,
             y_stride: n_rows as u32,
+            store,
         }
     }
 
@@ -464,6 +466,7 @@ impl<'a> Outputs<'a> {
             ys: [y(0), y(1), y(2)],
             seg,
             y_stride: rows[0],
+            store: Store::Write,
         })
     }
 
@@ -486,7 +489,6 @@ fn gpu_out(
     x: &wgpu::Buffer,
     out: &Outputs<'_>,
     cols: Columns,
-    store: Store,
 ) -> Result<Vec<Dispatch>> {
     if w.n_cols() % 32 != 0 {
         return Err(Error::Unsupported(format!(
@@ -498,9 +500,9 @@ fn gpu_out(
     let v = resolve(ctx, v, w.ty, w.n_cols())?;
     let per_xu = tokens_per_xu(ctx, w.n_cols());
     if matches!(v, Variant::WinU | Variant::KsU) {
-        return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu, store);
+        return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu);
     }
-    let pipe = pipeline(ctx, w.ty, v, store)?;
+    let pipe = pipeline(ctx, w.ty, v)?;
     let on = |_: &StepInfo| true;
     part_dispatches(ctx, (v, &pipe), step, w, (x, out), cols, (0, u32::MAX), on)
 }
@@ -558,10 +560,10 @@ fn resolve(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> Result<Va
 }
 
 /// Compile (or find) the pipeline [`gpu`] will use for rows of `n_cols` elements of
-/// type `ty` with `store`, so that it can be built ahead of recording, on another thread.
-pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, store: Store) -> Result<()> {
+/// type `ty` (either store), so that it can be built ahead of recording, on another thread.
+pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64) -> Result<()> {
     let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols)?;
-    pipeline(ctx, ty, v, store).map(|_| ())
+    pipeline(ctx, ty, v).map(|_| ())
 }
 
 /// Bindings 2.. of a kernel that reads weights from storage (common/w_storage.wgsl):
@@ -634,9 +636,8 @@ fn gpu_uniform_x(
     out: &Outputs<'_>,
     cols: Columns,
     per_xu: u64,
-    store: Store,
 ) -> Result<Vec<Dispatch>> {
-    let pipe = pipeline(ctx, w.ty, v, store)?;
+    let pipe = pipeline(ctx, w.ty, v)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {
