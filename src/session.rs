@@ -16,6 +16,8 @@ pub trait Engine: Send {
     fn max_batch(&self, mode: Logits) -> u32;
     /// Run `tokens` at positions `pos..` and return logits (last token, or all).
     fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>>;
+    /// Where the model runs, for people: "CPU", or the GPU layers and the adapter.
+    fn device(&self) -> String;
 }
 
 impl Engine for crate::model::gpu_backend::GpuModel {
@@ -33,6 +35,16 @@ impl Engine for crate::model::gpu_backend::GpuModel {
     }
     fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
         crate::model::gpu_backend::GpuModel::step(self, tokens, pos, mode)
+    }
+    fn device(&self) -> String {
+        format!(
+            "{}/{} layers{} on GPU [{} ({:?})]",
+            self.layers.len(),
+            self.cfg.n_layer,
+            if self.head { " + output" } else { "" },
+            self.ctx.info.name,
+            self.ctx.info.backend
+        )
     }
 }
 

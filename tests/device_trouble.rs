@@ -1,5 +1,6 @@
 //! A GPU that is absent, small or out of memory: every case ends in a clear error (or,
-//! for a small binding limit, in the same results), never in a panic or an abort.
+//! for a small binding limit, in the same results; for an absent GPU that nobody asked
+//! for, in a run on the CPU), never in a panic or an abort.
 //!
 //! Uses the real SmolLM2 model in `models/` and the first adapter (lavapipe here).
 
@@ -60,53 +61,74 @@ fn load(opts: &DeviceOptions, n_ctx: u32) -> wgllm::Result<(GpuModel, Tokenizer)
 }
 
 #[test]
-fn no_adapter_says_how_to_get_one() {
+fn no_adapter_runs_on_the_cpu_unless_a_gpu_is_asked_for() {
     // DirectX 12 does not exist on Linux: the instance finds no adapter at all.
     if !cfg!(target_os = "linux") {
         return;
     }
     let m = model_path();
-    let out = wgllm(
-        &[
-            "run",
-            "-m",
-            m.to_str().unwrap(),
-            "-p",
-            "hi",
-            "-n",
-            "1",
-            "--quiet",
-        ],
-        &[("WGPU_BACKEND", "dx12")],
+    let m = m.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", m, "-p", "hi", "-n", "1", "--quiet"];
+        args.extend(extra);
+        wgllm(&args, &[("WGPU_BACKEND", "dx12")])
+    };
+    // With no placement asked for, the model runs on the CPU and says so.
+    let out = run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("device: CPU (no hardware GPU found"),
+        "{stderr}"
     );
-    let err = one_error(&out);
+    assert!(stderr.contains("--device"), "{stderr}");
+    // GPU layers asked for: an error that says how to get a GPU, or how to do without.
+    let err = one_error(&run(&["--gpu-layers", "5"]));
     assert!(err.contains("no GPU adapter found"), "{err}");
     assert!(err.contains("Vulkan driver"), "{err}");
     assert!(err.contains("--gpu-layers 0"), "{err}");
-    // Without a GPU the CPU still runs the model when asked to.
-    let out = wgllm(
-        &[
-            "run",
-            "-m",
-            m.to_str().unwrap(),
-            "-p",
-            "hi",
-            "-n",
-            "1",
-            "--quiet",
-            "--gpu-layers",
-            "0",
-        ],
-        &[("WGPU_BACKEND", "dx12")],
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let err = one_error(&run(&["--device", "0"]));
+    assert!(err.contains("no GPU adapter found"), "{err}");
+    assert!(run(&["--gpu-layers", "0"]).status.success());
     let out = wgllm(&["devices"], &[("WGPU_BACKEND", "dx12")]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("no GPU adapters found"), "{stdout}");
+}
+
+#[test]
+fn software_adapters_run_only_when_named() {
+    let adapters = wgllm::gpu::context::list_adapters();
+    let Some(first) = adapters.first() else {
+        panic!("no GPU adapter: install lavapipe (mesa-vulkan-drivers)");
+    };
+    let m = model_path();
+    let m = m.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "-m", m, "-p", "hi", "-n", "1", "--quiet"];
+        args.extend(extra);
+        let out = wgllm(&args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        stderr
+    };
+    let default = run(&[]);
+    if first.info.device_type == wgpu::DeviceType::Cpu {
+        // lavapipe / llvmpipe only: the CPU backend is the faster of the two.
+        assert!(
+            default.contains("device: CPU (no hardware GPU found"),
+            "{default}"
+        );
+    } else {
+        assert!(default.contains("on GPU ["), "{default}");
+    }
+    // Named, or given layers, the first adapter runs the model, and the device line
+    // names it.
+    let named = run(&["--device", "0"]);
+    let want = format!("30/30 layers + output on GPU [{}", first.info.name);
+    assert!(named.contains(&want), "{named}");
+    assert!(run(&["--gpu-layers", "99"]).contains(&want));
+    let split = run(&["--gpu-layers", "10"]);
+    assert!(split.contains("10/30 layers on GPU ["), "{split}");
 }
 
 #[test]

@@ -26,11 +26,13 @@ pub struct ModelArgs {
     /// Batch size for prompt processing.
     #[arg(short = 'b', long = "batch-size", default_value_t = 512)]
     pub batch: u32,
-    /// GPU adapter: index from `wgllm devices` or part of its name.
+    /// GPU adapter: index from `wgllm devices` or part of its name (software adapters
+    /// such as lavapipe's llvmpipe run only when named or given --gpu-layers).
     #[arg(long)]
     pub device: Option<String>,
     /// Layers to run on the GPU (the last N; N above the layer count also moves the
-    /// output layer). 0 runs on the CPU only and needs no GPU. Default: all.
+    /// output layer). 0 runs on the CPU only and needs no GPU. Default: all, on a
+    /// hardware GPU; on the CPU when the machine has none.
     #[arg(long = "gpu-layers", visible_alias = "ngl", alias = "n-gpu-layers")]
     pub gpu_layers: Option<u32>,
     /// CPU threads (default: one per core).
@@ -164,11 +166,18 @@ impl Opened {
                 device: args.device.clone(),
                 ..Default::default()
             },
+            // No placement asked for: software adapters only when named.
+            prefer_hardware: args.gpu_layers.is_none(),
             progress,
             capture_attention: false,
         };
         let engine = load_or_offload(Arc::new(file), &config, opts)?;
-        let device = describe(&config, args.gpu_layers);
+        let mut device = engine.device();
+        if args.gpu_layers.is_none() && args.device.is_none() && device == "CPU" {
+            device.push_str(
+                " (no hardware GPU found; `wgllm devices` lists the adapters, --device N picks one)",
+            );
+        }
         let session = Session::new(engine, args.batch);
         Ok(Loaded {
             session,
@@ -229,22 +238,4 @@ fn load_or_offload(
 /// Errors that fewer GPU layers can cure.
 fn fits_less(msg: &str) -> bool {
     msg.contains("out of GPU memory") || msg.contains("limit")
-}
-
-fn describe(cfg: &Config, gpu_layers: Option<u32>) -> String {
-    let (first, head) = wgllm::engine::split(cfg.n_layer, gpu_layers);
-    let on_gpu = cfg.n_layer - first;
-    if on_gpu == 0 && !head {
-        return "CPU".to_string();
-    }
-    let names: Vec<String> = wgllm::gpu::context::list_adapters()
-        .into_iter()
-        .map(|a| format!("{} ({:?})", a.info.name, a.info.backend))
-        .collect();
-    format!(
-        "{on_gpu}/{} layers{} on GPU [{}]",
-        cfg.n_layer,
-        if head { " + output" } else { "" },
-        names.first().cloned().unwrap_or_default()
-    )
 }

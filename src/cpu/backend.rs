@@ -659,4 +659,7 @@ impl crate::session::Engine for CpuModel {
     fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
         CpuModel::step(self, tokens, pos, mode)
     }
+    fn device(&self) -> String {
+        "CPU".to_string()
+    }
 }

@@ -153,6 +153,9 @@ impl Engine for Capturing {
         }
         Ok(logits)
     }
+    fn device(&self) -> String {
+        self.model.device()
+    }
 }
 
 struct Loaded {
