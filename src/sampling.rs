@@ -76,6 +76,29 @@ impl Sampler {
     /// oldest first. Empty logits give 0; NaN logits count as -inf; if every logit is
     /// -inf the result is 0.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let greedy = p.temperature.is_nan() || p.temperature <= 0.0;
+        let k = p.top_k as usize;
+        // Without a penalty no logit changes before the cut, so the candidates need not
+        // be listed whole: the same tokens in a fraction of the time (Gemma's 262144
+        // logits: 0.58 ms -> 0.18 ms per token with top-k, 0.26 ms greedy).
+        if !penalises(p) && !logits.is_empty() {
+            if greedy {
+                return argmax(logits);
+            }
+            if k > 0 && k < logits.len() {
+                top_k_into(logits, k, &mut self.cands);
+                if self.cands[0].1 == f32::NEG_INFINITY {
+                    return self.cands[0].0;
+                }
+                return self.cut_and_draw(k);
+            }
+        }
+        self.sample_listing_all(logits, history)
+    }
+
+    /// [`Sampler::sample`] over the whole candidate list.
+    fn sample_listing_all(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         if logits.is_empty() {
             return 0;
         }
@@ -104,6 +127,13 @@ impl Sampler {
             sorted = sort_prefix(&mut self.cands, 0, p.top_k as usize);
             self.cands.truncate(sorted);
         }
+        self.cut_and_draw(sorted)
+    }
+
+    /// Top-p, min-p and the draw over the candidates, whose first `sorted` are the best
+    /// ones in order.
+    fn cut_and_draw(&mut self, sorted: usize) -> u32 {
+        let p = &self.params;
         if p.top_p < 1.0 {
             apply_top_p(&mut self.cands, sorted, p.top_p);
         }
@@ -112,6 +142,37 @@ impl Sampler {
         }
         draw(&self.cands, p.temperature, self.rng.next_f64())
     }
+}
+
+/// Whether the repetition penalty changes any logit.
+fn penalises(p: &SamplingParams) -> bool {
+    p.repeat_last_n > 0 && p.repeat_penalty != 1.0 && p.repeat_penalty.is_finite()
+}
+
+/// The `k` best of `logits` (`0 < k < logits.len()`), sanitised and best first, into
+/// `out`: one pass holding at most 2k candidates, cut back to the best k whenever full.
+/// Ids arrive in ascending order, so a logit equal to the worst one kept ranks below it
+/// (ties go to the lower id) and is skipped, as is anything lower.
+fn top_k_into(logits: &[f32], k: usize, out: &mut Vec<Cand>) {
+    out.clear();
+    let mut floor: Option<f32> = None;
+    for (i, &l) in logits.iter().enumerate() {
+        let l = sanitize(l);
+        if floor.is_some_and(|f| l <= f) {
+            continue;
+        }
+        out.push((i as u32, l));
+        if out.len() == 2 * k {
+            out.select_nth_unstable_by(k - 1, by_desc);
+            out.truncate(k);
+            floor = Some(out[k - 1].1);
+        }
+    }
+    if out.len() > k {
+        out.select_nth_unstable_by(k - 1, by_desc);
+        out.truncate(k);
+    }
+    out.sort_unstable_by(by_desc);
 }
 
 /// NaN carries no ranking information; treat it as impossible. +inf is clamped to the
@@ -128,7 +189,7 @@ fn sanitize(l: f32) -> f32 {
 /// history entries has its logit divided by the penalty when positive, multiplied when
 /// not, once however often it occurs. `cands` is still indexed by id here.
 fn apply_repeat_penalty(cands: &mut [Cand], history: &[u32], p: &SamplingParams) {
-    if p.repeat_last_n == 0 || p.repeat_penalty == 1.0 || !p.repeat_penalty.is_finite() {
+    if !penalises(p) {
         return;
     }
     let tail = &history[history.len().saturating_sub(p.repeat_last_n)..];
@@ -436,6 +497,53 @@ mod tests {
                 .collect();
             assert_eq!(s.sample(&logits, &[]), argmax(&logits));
         }
+    }
+
+    #[test]
+    fn fast_paths_give_the_tokens_of_the_whole_list() {
+        // Logits from a few values (many ties), with NaN and infinities mixed in, over
+        // vocabularies around the top-k sizes; the same seed on both paths.
+        let mut gen = Xoshiro256::seed_from(11);
+        let mut pick = |n: u64| (gen.next_u64() % n) as usize;
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+        for case in 0..300 {
+            let n = 1 + pick(300);
+            let levels = 1 + pick(8) as u64;
+            let logits: Vec<f32> = (0..n)
+                .map(|_| match pick(20) {
+                    0 => specials[pick(3)],
+                    _ => pick(levels) as f32 * 0.7 - 2.0,
+                })
+                .collect();
+            let temperature = [0.0, 0.3, 1.0, 2.5][case % 4];
+            let top_k = [1, 2, 3, 5, 40, 1000][pick(6)];
+            let top_p = [1.0, 0.95, 0.5][pick(3)];
+            let min_p = [0.0, 0.05, 0.5][pick(3)];
+            let mut p = params(temperature, top_k, top_p, min_p);
+            p.seed = case as u64;
+            let (mut fast, mut whole) = (Sampler::new(p.clone()), Sampler::new(p));
+            for _ in 0..20 {
+                let a = fast.sample(&logits, &[]);
+                let b = whole.sample_listing_all(&logits, &[]);
+                assert_eq!(
+                    a, b,
+                    "case {case}: n {n}, t {temperature}, k {top_k}: {logits:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn top_k_into_keeps_the_best_lowest_ids_first() {
+        let mut out = Vec::new();
+        top_k_into(
+            &[1.0, 3.0, 3.0, f32::NAN, 2.0, 3.0, f32::INFINITY],
+            3,
+            &mut out,
+        );
+        assert_eq!(out, vec![(6, f32::MAX), (1, 3.0), (2, 3.0)]);
+        top_k_into(&[f32::NEG_INFINITY; 9], 2, &mut out);
+        assert_eq!(out, vec![(0, f32::NEG_INFINITY), (1, f32::NEG_INFINITY)]);
     }
 
     #[test]

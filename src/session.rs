@@ -16,9 +16,13 @@ pub trait Engine: Send {
     fn max_batch(&self, mode: Logits) -> u32;
     /// Run `tokens` at positions `pos..` and return logits (last token, or all).
     fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>>;
-    /// Where the model runs, for people: "CPU", or the GPU layers and the adapter.
+    /// Where the model runs, for people: [`CPU_DEVICE`], or the GPU layers and the
+    /// adapter.
     fn device(&self) -> String;
 }
+
+/// [`Engine::device`] of a model that runs on the CPU alone.
+pub const CPU_DEVICE: &str = "CPU";
 
 impl Engine for crate::model::gpu_backend::GpuModel {
     fn config(&self) -> &Config {

@@ -10,7 +10,7 @@ struct Params {
     x_stride: u32,   // vec4s between activation columns
     y_stride: u32,   // floats between output columns
     last_only: u32,  // 1: only the batch's last token, written as column 0 (logits)
-    acc: u32,        // 1: the product is added to the outputs instead of replacing them
+    _pad0: u32,
     win_chunks: u32, // 32-element chunks per window (whole blocks)
     win_bytes: u32,  // bytes of W per window
     tok0: u32,       // first output token of this dispatch
@@ -24,11 +24,12 @@ struct Params {
     _pad1: u32,
 }
 
-// Params.acc: the product is added to y (the residual stream) instead of replacing it,
-// which saves the separate add and its dispatch. A uniform, not a pipeline constant:
-// one pipeline serves both stores (a ks pipeline takes 30-80 ms to build on llvmpipe).
+// true: the product is added to y (the residual stream) instead of replacing it, which
+// saves the separate add and its dispatch.
+override ACC: bool = false;
+
 fn store_y(i: u32, v: f32) {
-    if (p.acc != 0u) {
+    if (ACC) {
         y[i] += v;
     } else {
         y[i] = v;

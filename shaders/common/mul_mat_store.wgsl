@@ -10,14 +10,14 @@ fn store_out(t: u32, r: u32, v: f32) {
         store_y(t * p.y_stride + r, v);
     } else if (r < p.seg2) {
         let i = t * (p.seg2 - p.seg1) + r - p.seg1;
-        if (p.acc != 0u) {
+        if (ACC) {
             y1[i] += v;
         } else {
             y1[i] = v;
         }
     } else {
         let i = t * (p.seg_end - p.seg2) + r - p.seg2;
-        if (p.acc != 0u) {
+        if (ACC) {
             y2[i] += v;
         } else {
             y2[i] = v;

@@ -9,8 +9,8 @@ use wgllm::engine::{load_engine, EngineOptions};
 use wgllm::gguf::GgufFile;
 use wgllm::gpu::DeviceOptions;
 use wgllm::model::Config;
-use wgllm::session::Engine;
 use wgllm::session::Session;
+use wgllm::session::{Engine, CPU_DEVICE};
 use wgllm::tokenizer::Tokenizer;
 use wgllm::{Error, Result};
 
@@ -173,7 +173,7 @@ impl Opened {
         };
         let engine = load_or_offload(Arc::new(file), &config, opts)?;
         let mut device = engine.device();
-        if args.gpu_layers.is_none() && args.device.is_none() && device == "CPU" {
+        if args.gpu_layers.is_none() && args.device.is_none() && device == CPU_DEVICE {
             device.push_str(
                 " (no hardware GPU found; `wgllm devices` lists the adapters, --device N picks one)",
             );

@@ -660,6 +660,6 @@ impl crate::session::Engine for CpuModel {
         CpuModel::step(self, tokens, pos, mode)
     }
     fn device(&self) -> String {
-        "CPU".to_string()
+        crate::session::CPU_DEVICE.to_string()
     }
 }

@@ -22,7 +22,7 @@ use crate::ops::attention::Attention;
 use crate::ops::glu::Activation;
 use crate::ops::mul_mat::{self, Columns};
 use crate::ops::rope::Rope;
-use crate::ops::WarmJob;
+use crate::ops::{Store, WarmJob};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -40,16 +40,16 @@ const MAX_THREADS: usize = 4;
 struct Warm<'a> {
     ctx: &'a GpuContext,
     jobs: Vec<WarmJob<'a>>,
-    mats: HashSet<(GgmlType, u64)>,
+    mats: HashSet<(GgmlType, u64, Store)>,
     attention: bool,
 }
 
 impl Warm<'_> {
-    fn mat(&mut self, w: &Shape) -> Result<()> {
-        if self.mats.insert((w.ty, w.n_cols)) {
+    fn mat(&mut self, w: &Shape, store: Store) -> Result<()> {
+        if self.mats.insert((w.ty, w.n_cols, store)) {
             let (ctx, ty, n_cols) = (self.ctx, w.ty, w.n_cols);
             self.jobs
-                .push(Box::new(move || mul_mat::warm(ctx, ty, n_cols)));
+                .push(Box::new(move || mul_mat::warm(ctx, ty, n_cols, store)));
         }
         Ok(())
     }
@@ -71,7 +71,7 @@ impl Ops for Warm<'_> {
     }
 
     fn mul_mat(&mut self, w: &Shape, _: &(), _: &(), _: Columns) -> Result<()> {
-        self.mat(w)
+        self.mat(w, Store::Write)
     }
 
     fn rope(&mut self, _: &(), _: &Rope) -> Result<()> {
@@ -96,11 +96,11 @@ impl Ops for Warm<'_> {
     }
 
     fn mul_mat_add(&mut self, w: &Shape, _: &(), _: &(), _: &(), _: u32) -> Result<()> {
-        self.mat(w)
+        self.mat(w, Store::Add)
     }
 
     fn mul_mat_rows(&mut self, w: &Shape, _: &(), _: &[&()], _: &[u32]) -> Result<()> {
-        self.mat(w)
+        self.mat(w, Store::Write)
     }
 }
 

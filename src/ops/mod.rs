@@ -46,7 +46,7 @@ impl StepInfo {
 
 /// What a kernel does with its output: replace it, or add to it (the residual stream,
 /// saving a separate add and its dispatch).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Store {
     Write,
     Add,

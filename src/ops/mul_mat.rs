@@ -20,8 +20,7 @@ pub struct Params {
     pub x_stride: u32,
     pub y_stride: u32,
     pub last_only: u32,
-    /// 1: add the product to the output ([`Store::Add`]).
-    pub acc: u32,
+    pub _pad: u32,
 }
 
 /// Which activation columns to multiply.
@@ -177,6 +176,7 @@ pub(crate) fn pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
+    store: Store,
 ) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
@@ -185,7 +185,7 @@ pub(crate) fn pipeline(
     } else {
         format!("{}_{ty}_1out", v.shader())
     };
-    let consts: Vec<(&str, f64)> = match v {
+    let mut consts: Vec<(&str, f64)> = match v {
         Variant::Row => vec![("WG", WG as f64)],
         Variant::Win | Variant::WinU => {
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
@@ -200,6 +200,7 @@ pub(crate) fn pipeline(
             ]
         }
     };
+    consts.push(("ACC", (store == Store::Add) as u8 as f64));
     let layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU));
     let layout = if fused { &layout[..] } else { &layout[..6] };
     ctx.pipelines
@@ -293,7 +294,7 @@ impl WinParams {
                 x_stride: (w.n_cols() / 4) as u32,
                 y_stride: out.y_stride,
                 last_only: (cols == Columns::Last) as u32,
-                acc: (out.store == Store::Add) as u32,
+                _pad: 0,
             },
             win_chunks: win.chunks,
             win_bytes: win.bytes,
@@ -441,7 +442,8 @@ struct Outputs<'a> {
     seg: Segments,
     /// Floats between the first output's columns.
     y_stride: u32,
-    /// Whether the products replace the outputs or are added to them (`Params.acc`).
+    /// Whether the products replace the outputs or are added to them (the pipeline's
+    /// `ACC`).
     store: Store,
 }
 
@@ -502,7 +504,7 @@ fn gpu_out(
     if matches!(v, Variant::WinU | Variant::KsU) {
         return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu);
     }
-    let pipe = pipeline(ctx, w.ty, v)?;
+    let pipe = pipeline(ctx, w.ty, v, out.store)?;
     let on = |_: &StepInfo| true;
     part_dispatches(ctx, (v, &pipe), step, w, (x, out), cols, (0, u32::MAX), on)
 }
@@ -560,10 +562,10 @@ fn resolve(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> Result<Va
 }
 
 /// Compile (or find) the pipeline [`gpu`] will use for rows of `n_cols` elements of
-/// type `ty` (either store), so that it can be built ahead of recording, on another thread.
-pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64) -> Result<()> {
+/// type `ty` with `store`, so that it can be built ahead of recording, on another thread.
+pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, store: Store) -> Result<()> {
     let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols)?;
-    pipeline(ctx, ty, v).map(|_| ())
+    pipeline(ctx, ty, v, store).map(|_| ())
 }
 
 /// Bindings 2.. of a kernel that reads weights from storage (common/w_storage.wgsl):
@@ -637,7 +639,7 @@ fn gpu_uniform_x(
     cols: Columns,
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
-    let pipe = pipeline(ctx, w.ty, v)?;
+    let pipe = pipeline(ctx, w.ty, v, out.store)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {
