@@ -81,7 +81,7 @@ impl Sampler {
         let k = p.top_k as usize;
         // Without a penalty no logit changes before the cut, so the candidates need not
         // be listed whole: the same tokens in a fraction of the time (Gemma's 262144
-        // logits: 0.58 ms -> 0.18 ms per token with top-k, 0.26 ms greedy).
+        // logits: 0.58 ms -> 0.18 ms per token with top-k, 0.20 ms greedy).
         if !penalises(p) && !logits.is_empty() {
             if greedy {
                 return argmax(logits);
@@ -305,16 +305,12 @@ fn draw(cands: &[Cand], temperature: f32, u: f64) -> u32 {
 /// Index of the largest logit; ties go to the lowest id, NaN counts as -inf, and an
 /// empty or all -inf vector gives 0.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0u32;
-    let mut best_l = f32::NEG_INFINITY;
-    for (i, &l) in logits.iter().enumerate() {
-        let l = sanitize(l);
-        if l > best_l {
-            best_l = l;
-            best = i as u32;
-        }
-    }
-    best
+    // Two passes, the maximum then its first position: one pass carrying the best index
+    // is a chain of dependent compares (262144 logits: 0.26 ms, against 0.20).
+    let max = logits
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, &l| m.max(sanitize(l)));
+    logits.iter().position(|&l| sanitize(l) == max).unwrap_or(0) as u32
 }
 
 /// log(sum(exp(l))) over the logits in f64, NaN as -inf; -inf when nothing is finite.
