@@ -79,8 +79,14 @@ pub fn enumerate() -> Vec<wgpu::Adapter> {
 /// Leaves out the GL backend unless named: starting it (EGL and a GL driver) costs
 /// 20-30 ms and about 15 MiB on lavapipe machines.
 pub fn hardware_adapter() -> Option<wgpu::Adapter> {
+    let named = std::env::var_os("WGPU_BACKEND").is_some();
+    // Asking the Vulkan loader loads every installed driver, about 50 MiB that stay
+    // mapped; where the kernel shows no GPU at all, none of them can find one.
+    if !named && !gpu_device_nodes() {
+        return None;
+    }
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    if std::env::var_os("WGPU_BACKEND").is_none() {
+    if !named {
         desc.backends = wgpu::Backends::PRIMARY;
     }
     let instance = wgpu::Instance::new(desc);
@@ -89,6 +95,27 @@ pub fn hardware_adapter() -> Option<wgpu::Adapter> {
     adapters
         .into_iter()
         .find(|a| a.get_info().device_type != wgpu::DeviceType::Cpu)
+}
+
+/// Whether the kernel exposes a GPU: a DRM node (every Mesa driver, virtio-gpu), an
+/// NVIDIA device or WSL's D3D12 bridge. Linux only; elsewhere assumed.
+fn gpu_device_nodes() -> bool {
+    if !cfg!(target_os = "linux") {
+        return true;
+    }
+    let dev = std::path::Path::new("/dev");
+    has_entry(&dev.join("dri"), &["renderD", "card"]) || has_entry(dev, &["nvidia", "dxg"])
+}
+
+/// Whether `dir` holds an entry whose name starts with one of `prefixes`.
+fn has_entry(dir: &std::path::Path, prefixes: &[&str]) -> bool {
+    std::fs::read_dir(dir).is_ok_and(|entries| {
+        entries.flatten().any(|e| {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            prefixes.iter().any(|p| name.starts_with(p))
+        })
+    })
 }
 
 fn device_rank(t: wgpu::DeviceType) -> u8 {
@@ -342,5 +369,23 @@ impl GpuContext {
             return Err(Error::gpu(format!("{what}: {e}")));
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::has_entry;
+
+    #[test]
+    fn device_nodes_are_found_by_prefix() {
+        let dir = std::env::temp_dir().join(format!("wgllm-dev-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(!has_entry(&dir, &["renderD", "card"]));
+        std::fs::write(dir.join("version"), b"").unwrap();
+        assert!(!has_entry(&dir, &["renderD", "card"]));
+        std::fs::write(dir.join("renderD128"), b"").unwrap();
+        assert!(has_entry(&dir, &["renderD", "card"]));
+        assert!(!has_entry(&dir.join("absent"), &["renderD"]));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
