@@ -157,6 +157,7 @@ impl Opened {
         if args.batch == 0 {
             return Err(Error::invalid("--batch-size must be at least 1"));
         }
+        let auto = args.gpu_layers.is_none() && args.device.is_none();
         let opts = EngineOptions {
             n_ctx,
             n_batch: args.batch,
@@ -167,13 +168,13 @@ impl Opened {
                 ..Default::default()
             },
             // No placement asked for: software adapters only when named.
-            prefer_hardware: args.gpu_layers.is_none(),
+            prefer_hardware: auto,
             progress,
             capture_attention: false,
         };
         let engine = load_or_offload(Arc::new(file), &config, opts)?;
         let mut device = engine.device();
-        if args.gpu_layers.is_none() && args.device.is_none() && device == CPU_DEVICE {
+        if auto && device == CPU_DEVICE {
             device.push_str(
                 " (no hardware GPU found; `wgllm devices` lists the adapters, --device N picks one)",
             );

@@ -62,16 +62,23 @@ pub struct GpuContext {
     lost: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// Backends from `WGPU_BACKEND` (e.g. `vulkan`, `gl`), else all that are compiled in.
-fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
-}
-
-/// All adapters, real GPUs first, then integrated, virtual, CPU (software) and others.
-pub fn enumerate() -> Vec<wgpu::Adapter> {
-    let mut adapters = pollster::block_on(instance().enumerate_adapters(wgpu::Backends::all()));
+/// The adapters of the backends `WGPU_BACKEND` names (e.g. `vulkan`, `gl`), else of
+/// `default` (those compiled in among them), real GPUs first, then integrated, virtual,
+/// CPU (software) and others.
+fn ranked_adapters(default: wgpu::Backends) -> Vec<wgpu::Adapter> {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if std::env::var_os("WGPU_BACKEND").is_none() {
+        desc.backends = default;
+    }
+    let instance = wgpu::Instance::new(desc);
+    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
     adapters.sort_by_key(|a| device_rank(a.get_info().device_type));
     adapters
+}
+
+/// All adapters, in [`ranked_adapters`]' order.
+pub fn enumerate() -> Vec<wgpu::Adapter> {
+    ranked_adapters(wgpu::Backends::all())
 }
 
 /// The best hardware GPU (anything but a software, CPU-type adapter) of the primary
@@ -79,20 +86,12 @@ pub fn enumerate() -> Vec<wgpu::Adapter> {
 /// Leaves out the GL backend unless named: starting it (EGL and a GL driver) costs
 /// 20-30 ms and about 15 MiB on lavapipe machines.
 pub fn hardware_adapter() -> Option<wgpu::Adapter> {
-    let named = std::env::var_os("WGPU_BACKEND").is_some();
     // Asking the Vulkan loader loads every installed driver, about 50 MiB that stay
     // mapped; where the kernel shows no GPU at all, none of them can find one.
-    if !named && !gpu_device_nodes() {
+    if std::env::var_os("WGPU_BACKEND").is_none() && !gpu_device_nodes() {
         return None;
     }
-    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
-    if !named {
-        desc.backends = wgpu::Backends::PRIMARY;
-    }
-    let instance = wgpu::Instance::new(desc);
-    let mut adapters = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
-    adapters.sort_by_key(|a| device_rank(a.get_info().device_type));
-    adapters
+    ranked_adapters(wgpu::Backends::PRIMARY)
         .into_iter()
         .find(|a| a.get_info().device_type != wgpu::DeviceType::Cpu)
 }
