@@ -72,6 +72,14 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether every token this sampler picks is the argmax of the raw logits (greedy
+    /// decoding without a penalty): then a step need not return the logits at all
+    /// ([`crate::session::Session::push_greedy`]).
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        (p.temperature.is_nan() || p.temperature <= 0.0) && !penalises(p)
+    }
+
     /// Picks the next token. `history` holds the tokens seen so far (prompt and output),
     /// oldest first. Empty logits give 0; NaN logits count as -inf; if every logit is
     /// -inf the result is 0.
@@ -481,6 +489,19 @@ mod tests {
         // Ties go to the lowest id, and a negative temperature is greedy as well.
         let mut s = Sampler::new(params(-1.0, 0, 1.0, 0.0));
         assert_eq!(s.sample(&[1.0, 7.0, 7.0, 7.0], &[]), 1);
+    }
+
+    #[test]
+    fn plain_greedy_means_argmax_without_a_penalty() {
+        let greedy = |t: f32, penalty: f32| {
+            let mut p = params(t, 40, 0.95, 0.05);
+            p.repeat_penalty = penalty;
+            p.repeat_last_n = 64;
+            Sampler::new(p).is_plain_greedy()
+        };
+        assert!(greedy(0.0, 1.0) && greedy(-1.0, 1.0) && greedy(f32::NAN, 1.0));
+        // A penalty changes logits before the argmax; a temperature draws.
+        assert!(!greedy(0.0, 1.1) && !greedy(0.8, 1.0));
     }
 
     #[test]

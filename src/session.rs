@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use crate::model::gpu_backend::Logits;
 use crate::model::Config;
+use crate::sampling::Sampler;
 use crate::{Error, Result};
 
 /// Something that runs the model forward: the whole model on the GPU, on the CPU, or
@@ -16,6 +17,16 @@ pub trait Engine: Send {
     fn max_batch(&self, mode: Logits) -> u32;
     /// Run `tokens` at positions `pos..` and return logits (last token, or all).
     fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>>;
+    /// Run `tokens` at positions `pos..` and return the greedy next token
+    /// ([`crate::sampling::argmax`] of the last token's logits). Engines whose output
+    /// layer runs on a GPU choose it there and read back no logits.
+    fn step_argmax(&mut self, tokens: &[u32], pos: u32) -> Result<u32> {
+        Ok(crate::sampling::argmax(&self.step(
+            tokens,
+            pos,
+            Logits::Last,
+        )?))
+    }
     /// Where the model runs, for people: [`CPU_DEVICE`], or the GPU layers and the
     /// adapter.
     fn device(&self) -> String;
@@ -39,6 +50,10 @@ impl Engine for crate::model::gpu_backend::GpuModel {
     }
     fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
         crate::model::gpu_backend::GpuModel::step(self, tokens, pos, mode)
+    }
+    fn step_argmax(&mut self, tokens: &[u32], pos: u32) -> Result<u32> {
+        use crate::model::gpu_backend::Input;
+        self.step_argmax_io(Input::Tokens(tokens), pos)
     }
     fn device(&self) -> String {
         format!(
@@ -87,6 +102,12 @@ pub struct Session {
     pub timings: Timings,
     /// Batch size for prompt processing.
     pub n_batch: u32,
+    /// Keep only each step's greedy next token, chosen where the output layer runs
+    /// (on a GPU: no logits read back), instead of its logits. For samplers that only
+    /// take the argmax ([`Sampler::is_plain_greedy`]).
+    pub greedy: bool,
+    /// The greedy next token, after a step with `greedy` set.
+    greedy_next: Option<u32>,
 }
 
 impl Session {
@@ -97,6 +118,8 @@ impl Session {
             logits: Vec::new(),
             timings: Timings::default(),
             n_batch: n_batch.max(1),
+            greedy: false,
+            greedy_next: None,
         }
     }
 
@@ -112,11 +135,13 @@ impl Session {
     pub fn reset(&mut self) {
         self.history.clear();
         self.logits.clear();
+        self.greedy_next = None;
     }
 
     /// Drop cached positions from `n` on (so the next tokens overwrite them).
     pub fn truncate(&mut self, n: u32) {
         self.history.truncate(n as usize);
+        self.greedy_next = None;
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
@@ -133,6 +158,8 @@ impl Session {
 
     /// Process `tokens` (a prompt) in batches; afterwards `self.logits` holds the next-token
     /// logits.
+    /// With [`greedy`](Self::greedy) set, only the greedy next token is kept (see
+    /// [`sample`](Self::sample)) and `self.logits` is left empty.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             return Ok(());
@@ -140,9 +167,10 @@ impl Session {
         self.check_room(tokens.len())?;
         let t0 = Instant::now();
         let batch = self.n_batch.min(self.engine.max_batch(Logits::Last)).max(1) as usize;
-        for chunk in tokens.chunks(batch) {
-            let pos = self.n_past();
-            self.logits = self.engine.step(chunk, pos, Logits::Last)?;
+        let n_chunks = tokens.len().div_ceil(batch);
+        for (i, chunk) in tokens.chunks(batch).enumerate() {
+            // Only the last chunk's output is sampled from.
+            self.run(chunk, self.greedy && i + 1 == n_chunks)?;
             self.history.extend_from_slice(chunk);
         }
         self.timings.prompt_tokens += tokens.len();
@@ -150,15 +178,39 @@ impl Session {
         Ok(())
     }
 
-    /// Process one generated token; afterwards `self.logits` holds the next logits.
+    /// Process one generated token; afterwards `self.logits` holds the next logits (or,
+    /// with [`greedy`](Self::greedy), the session the greedy next token).
     pub fn push(&mut self, token: u32) -> Result<()> {
         self.check_room(1)?;
         let t0 = Instant::now();
-        self.logits = self.engine.step(&[token], self.n_past(), Logits::Last)?;
+        self.run(&[token], self.greedy)?;
         self.history.push(token);
         self.timings.gen_tokens += 1;
         self.timings.gen_ms += t0.elapsed().as_secs_f64() * 1000.0;
         Ok(())
+    }
+
+    /// One step at the end of the history, keeping its logits, or with `greedy` only
+    /// its greedy next token.
+    fn run(&mut self, tokens: &[u32], greedy: bool) -> Result<()> {
+        let pos = self.n_past();
+        if greedy {
+            self.logits.clear();
+            self.greedy_next = Some(self.engine.step_argmax(tokens, pos)?);
+        } else {
+            self.greedy_next = None;
+            self.logits = self.engine.step(tokens, pos, Logits::Last)?;
+        }
+        Ok(())
+    }
+
+    /// The next token: the greedy one where the last step kept only that, else
+    /// `sampler`'s pick from the logits.
+    pub fn sample(&self, sampler: &mut Sampler) -> u32 {
+        match self.greedy_next {
+            Some(id) => id,
+            None => sampler.sample(&self.logits, &self.history),
+        }
     }
 
     /// Logits of every token of `tokens` (for perplexity), processed from position `pos`

@@ -15,7 +15,8 @@ use wgllm::engine::{load_engine, EngineOptions};
 use wgllm::gguf::GgufFile;
 use wgllm::model::gpu_backend::Logits;
 use wgllm::model::Config;
-use wgllm::sampling::argmax;
+use wgllm::sampling::{argmax, Sampler, SamplingParams};
+use wgllm::session::Session;
 use wgllm::tokenizer::Tokenizer;
 
 fn model_path(file: &str) -> PathBuf {
@@ -69,17 +70,17 @@ fn engine(m: &Model, gpu_layers: Option<u32>) -> Box<dyn wgllm::session::Engine>
     load_engine(m.file.clone(), &m.cfg, &opts).expect("load engine")
 }
 
-/// Greedy continuation of `prompt` for `n` tokens (stopping at end of generation).
+/// Greedy continuation of `prompt` for `n` tokens (stopping at end of generation), each
+/// token chosen where the engine's output layer runs (on the device for GPU heads).
 fn greedy(
     e: &mut dyn wgllm::session::Engine,
     tok: &Tokenizer,
     prompt: &[u32],
     n: usize,
 ) -> Vec<u32> {
-    let mut logits = e.step(prompt, 0, Logits::Last).expect("prompt");
+    let mut id = e.step_argmax(prompt, 0).expect("prompt");
     let mut out: Vec<u32> = Vec::new();
     for _ in 0..n {
-        let id = argmax(&logits);
         if tok.is_eog(id) {
             break;
         }
@@ -88,7 +89,7 @@ fn greedy(
             break;
         }
         let pos = (prompt.len() + out.len() - 1) as u32;
-        logits = e.step(&[id], pos, Logits::Last).expect("step");
+        id = e.step_argmax(&[id], pos).expect("step");
     }
     out
 }
@@ -133,6 +134,9 @@ fn check_logits(label: &str, m: &Model, e: &mut dyn wgllm::session::Engine, run:
     }
     let top1 = top10[0]["id"].as_u64().expect("id") as u32;
     assert_eq!(argmax(&logits), top1, "{label}: top-1 token");
+    // The same step again, sampled where the output layer runs.
+    let greedy = e.step_argmax(&prompt, 0).expect("greedy step");
+    assert_eq!(greedy, top1, "{label}: greedy token of the engine");
     // llama.cpp's own CPU and Vulkan builds differ by up to ~0.8 on these logits.
     assert!(
         max_diff < 0.8,
@@ -198,4 +202,37 @@ fn smollm2_split() {
 #[test]
 fn gemma3_split() {
     check_model(GEMMA.0, GEMMA.1, Some(9), "Gemma 3 -ngl 9");
+}
+
+/// A session that keeps only each step's greedy token, chosen on the device, generates
+/// what sampling its logits at temperature 0 does, over a prompt fed in several batches.
+#[test]
+fn session_greedy_on_the_device_matches_sampling_the_logits() {
+    common::contexts();
+    let m = open(SMOL.0);
+    let prompt = m
+        .tok
+        .encode("The capital of France is", true, false)
+        .expect("encode");
+    let generate = |greedy: bool| {
+        let mut s = Session::new(engine(&m, None), 3);
+        let mut sampler = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        });
+        assert!(sampler.is_plain_greedy());
+        s.greedy = greedy;
+        s.feed(&prompt).expect("feed");
+        let mut out = Vec::new();
+        for _ in 0..12 {
+            let id = s.sample(&mut sampler);
+            out.push(id);
+            s.push(id).expect("push");
+        }
+        (out, s.logits.len())
+    };
+    let (on_device, no_logits) = generate(true);
+    let (from_logits, n_logits) = generate(false);
+    assert_eq!(on_device, from_logits);
+    assert_eq!((no_logits, n_logits), (0, m.cfg.n_vocab as usize));
 }

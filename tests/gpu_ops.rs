@@ -11,7 +11,7 @@ use wgllm::ops::attention::{self, Attention, Chunks};
 use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns};
 use wgllm::ops::rope::{Rope, RopeMode};
-use wgllm::ops::{add, get_rows, kv_store, rms_norm, StepInfo, Store};
+use wgllm::ops::{add, argmax, get_rows, kv_store, rms_norm, StepInfo, Store};
 use wgllm::quant::{self, GgmlType};
 
 const GPU_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
@@ -399,6 +399,67 @@ fn glu_and_add() {
             &step,
         );
         assert!(nmse(&read_checked(ctx, &xb, x.len(), 16), &want) < 1e-14);
+    }
+}
+
+/// Greedy sampling on the device picks the host's token: the largest logit, ties to the
+/// lowest id (within and across spans), NaN as -inf, -0 equal to +0, denormals ordered.
+#[test]
+fn argmax_matches_the_host() {
+    let mut cases: Vec<(String, Vec<f32>)> = Vec::new();
+    for (n, seed) in [(1usize, 1u64), (63, 2), (4096, 3), (4097, 4), (262_149, 5)] {
+        cases.push((format!("random {n}"), Rng::new(seed).vec(n, 30.0)));
+    }
+    let mut ties = Rng::new(6).vec(20_000, 1.0);
+    for i in [13_000, 9_000, 4_200, 4_100] {
+        ties[i] = 7.5;
+    }
+    cases.push(("ties across spans".into(), ties));
+    let mut in_span = vec![-3.0f32; 5000];
+    for i in [4_999, 4_200, 4_097] {
+        in_span[i] = 2.0;
+    }
+    cases.push(("ties within a span".into(), in_span));
+    let mut nan = Rng::new(7).vec(9000, 1.0);
+    for i in (0..9000).step_by(3) {
+        nan[i] = f32::NAN;
+    }
+    nan[8999] = f32::from_bits(0xffc0_0001); // a negative NaN with a payload
+    cases.push(("NaN".into(), nan));
+    cases.push(("all NaN".into(), vec![f32::NAN; 5000]));
+    cases.push(("all -inf".into(), vec![f32::NEG_INFINITY; 5000]));
+    let mut zeros = vec![-1.0f32; 6000];
+    (zeros[4100], zeros[5000]) = (-0.0, 0.0);
+    cases.push(("-0 before +0".into(), zeros.clone()));
+    (zeros[4100], zeros[5000]) = (0.0, -0.0);
+    cases.push(("+0 before -0".into(), zeros));
+    let mut tiny = vec![0.0f32; 300];
+    tiny[200] = f32::from_bits(1); // the smallest denormal beats 0
+    cases.push(("denormal".into(), tiny));
+    let mut inf = Rng::new(8).vec(7000, 1e30);
+    (inf[6000], inf[6500]) = (f32::INFINITY, f32::INFINITY);
+    cases.push(("+inf".into(), inf));
+    for ctx in contexts() {
+        for (name, logits) in &cases {
+            let n = logits.len() as u32;
+            let step = StepInfo::new(0, 1);
+            let sb = step_buffer(ctx, &step);
+            let lb = buffer_with_guard(ctx, logits, 0);
+            let groups = argmax::groups(n) as usize;
+            let ob = buffer_with_guard(ctx, &vec![0.0; 2 * groups], 16);
+            run(ctx, &[argmax::gpu(ctx, &sb, &lb, &ob, n).unwrap()], &step);
+            let words: Vec<u32> = read_checked(ctx, &ob, 2 * groups, 16)
+                .iter()
+                .map(|w| w.to_bits())
+                .collect();
+            let pairs: Vec<[u32; 2]> = words.chunks(2).map(|p| [p[0], p[1]]).collect();
+            assert_eq!(
+                argmax::pick(&pairs).unwrap(),
+                wgllm::sampling::argmax(logits),
+                "{name} on {}",
+                label(ctx)
+            );
+        }
     }
 }
 

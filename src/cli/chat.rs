@@ -54,6 +54,8 @@ pub fn run(a: ChatArgs) -> Result<()> {
         (template, text_of(tok.bos()))
     };
     let mut sampler = Sampler::new(a.sampling.params());
+    // Greedy decoding needs no logits: the argmax is taken where the output layer runs.
+    m.session.greedy = sampler.is_plain_greedy();
     let mut messages: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
     // Text whose tokens the KV cache holds.
     let mut fed = String::new();
@@ -145,7 +147,7 @@ fn generate(
             eprintln!("\n[context full]");
             break;
         }
-        let id = sampler.sample(&m.session.logits, &m.session.history);
+        let id = m.session.sample(sampler);
         if tok.is_eog(id) {
             break;
         }

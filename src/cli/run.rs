@@ -92,13 +92,15 @@ pub fn run(a: RunArgs) -> Result<()> {
         eprintln!("device: {}", m.device);
     }
     let mut sampler = Sampler::new(a.sampling.params());
+    // Greedy decoding needs no logits: the argmax is taken where the output layer runs.
+    m.session.greedy = sampler.is_plain_greedy();
     m.session.feed(&prompt)?;
     let mut out_ids = Vec::new();
     let mut dec = StreamDecoder::new();
     let mut stdout = std::io::stdout().lock();
     let mut text_out = String::new();
     for i in 0..n_gen {
-        let id = sampler.sample(&m.session.logits, &m.session.history);
+        let id = m.session.sample(&mut sampler);
         if tok.is_eog(id) {
             break;
         }

@@ -73,6 +73,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
     ("glu", &[STEP], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),
+    ("argmax", &[STEP], wgsl!("ops/argmax.wgsl")),
     ("mul_mat_xcopy", &[STEP], wgsl!("ops/mul_mat_xcopy.wgsl")),
 ];
 

@@ -287,6 +287,9 @@ pub struct GpuModel {
     pub(crate) last: (Vec<Dispatch>, wgpu::Buffer),
     /// Built on first use: the head over every token (perplexity), and its batch limit.
     pub(crate) all: Option<(Vec<Dispatch>, wgpu::Buffer, u32)>,
+    /// Built on first use: greedy sampling over the last token's logits, and the
+    /// buffer of its per-span candidates.
+    pub(crate) argmax: Option<(Dispatch, wgpu::Buffer)>,
     pub(crate) readback: Readback,
     pub(crate) layers: std::ops::Range<u32>,
     pub(crate) head: bool,
@@ -338,6 +341,9 @@ pub enum Output {
     Logits(Logits),
     /// The residual stream after the last layer: [n_embd, n_tokens].
     Hidden,
+    /// The greedy token after the batch's last, chosen on the device
+    /// ([`GpuModel::step_argmax_io`]).
+    Argmax,
 }
 
 /// Bytes of an f32 activation of `per_token` floats for `n` tokens.
@@ -448,6 +454,7 @@ impl GpuModel {
             body: Vec::new(),
             last: (Vec::new(), logits_last),
             all: None,
+            argmax: None,
             ctx,
             cfg,
             n_ctx,
@@ -545,12 +552,33 @@ impl GpuModel {
     /// One forward step from `input` at positions `pos..`, returning `output`. On a
     /// lost device this is an error saying so (and what to do), never a panic.
     pub fn step_io(&mut self, input: Input<'_>, pos: u32, output: Output) -> Result<Vec<f32>> {
+        if output == Output::Argmax {
+            return Err(Error::invalid(
+                "the greedy token comes from step_argmax_io, not step_io",
+            ));
+        }
         self.ctx.check_lost()?;
         let r = self.run_step(input, pos, output);
         self.ctx.explain_loss(r)
     }
 
-    fn run_step(&mut self, input: Input<'_>, pos: u32, output: Output) -> Result<Vec<f32>> {
+    /// One forward step from `input` at positions `pos..`, returning the greedy token
+    /// after the last (`sampling::argmax` of its logits), chosen on the device: the step
+    /// reads back a few hundred bytes instead of every logit.
+    pub fn step_argmax_io(&mut self, input: Input<'_>, pos: u32) -> Result<u32> {
+        self.ctx.check_lost()?;
+        let r = self
+            .run_step::<[u32; 2]>(input, pos, Output::Argmax)
+            .and_then(|pairs| crate::ops::argmax::pick(&pairs));
+        self.ctx.explain_loss(r)
+    }
+
+    fn run_step<T: bytemuck::Pod>(
+        &mut self,
+        input: Input<'_>,
+        pos: u32,
+        output: Output,
+    ) -> Result<Vec<T>> {
         let n = match input {
             Input::Tokens(t) => t.len() as u32,
             Input::Hidden(h) => (h.len() / self.cfg.n_embd as usize) as u32,
@@ -609,10 +637,28 @@ impl GpuModel {
                 act_bytes(self.cfg.n_vocab, nb).max(act_bytes(self.cfg.n_embd, self.max_batch)),
             );
         }
+        if output == Output::Argmax && self.argmax.is_none() {
+            let n = self.cfg.n_vocab;
+            let buf = storage(
+                &self.ctx,
+                "argmax",
+                crate::ops::argmax::groups(n) as u64 * 8,
+            )?;
+            let d = crate::ops::argmax::gpu(&self.ctx, &self.step, &self.last.1, &buf, n)?;
+            self.argmax = Some((d, buf));
+        }
         let info = StepInfo::new(pos, n);
         q.write_buffer(&self.step, 0, bytemuck::bytes_of(&info));
         let none: &[Dispatch] = &[];
         let (head, out_buf, count) = match output {
+            Output::Argmax => {
+                let (_, b) = self
+                    .argmax
+                    .as_ref()
+                    .ok_or_else(|| Error::gpu("no greedy-sampling plan"))?;
+                let groups = crate::ops::argmax::groups(self.cfg.n_vocab) as usize;
+                (self.last.0.as_slice(), b, groups)
+            }
             Output::Logits(Logits::Last) => (
                 self.last.0.as_slice(),
                 &self.last.1,
@@ -633,19 +679,24 @@ impl GpuModel {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("step"),
             });
+        let sample = match (output, &self.argmax) {
+            (Output::Argmax, Some((d, _))) => Some(d),
+            _ => None,
+        };
+        let plan = self.body.iter().chain(head).chain(sample);
         if let Some(prof) = self.profiler.as_mut() {
-            prof.record(&mut enc, self.body.iter().chain(head), &info);
+            prof.record(&mut enc, plan, &info);
         } else {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("forward"),
                 timestamp_writes: None,
             });
-            for d in self.body.iter().chain(head) {
+            for d in plan {
                 d.record(&mut pass, &info);
             }
         }
-        self.readback
-            .record(&mut enc, out_buf, 0, count as u64 * 4)?;
+        let bytes = (count * std::mem::size_of::<T>()) as u64;
+        self.readback.record(&mut enc, out_buf, 0, bytes)?;
         self.ctx.queue.submit([enc.finish()]);
         let out = self.readback.read(&self.ctx, count)?;
         if let Some(prof) = self.profiler.as_mut() {

@@ -157,6 +157,9 @@ pub fn warm(
         };
         let norm = shape("output_norm.weight")?;
         graph::head(&mut o, cfg, &norm, &output, &scratch, &(), Columns::Last)?;
+        // Greedy decoding's last kernel: small, but built on first use it would delay
+        // the first token.
+        o.jobs.push(Box::new(move || crate::ops::argmax::warm(ctx)));
     }
     run(o.jobs);
     Ok(())

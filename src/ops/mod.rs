@@ -6,6 +6,7 @@
 //! 1 = the op's own `Params` uniform (fixed at build time), 2.. = storage buffers.
 
 pub mod add;
+pub mod argmax;
 pub mod attention;
 pub mod get_rows;
 pub mod glu;
