@@ -31,8 +31,8 @@ override WG: u32 = 8u;
 // a constant one (unrolled) was 1.5-2x slower.
 const ROWS: u32 = 64u;
 // Single tokens walk chunk pairs (`wdot64`): for types whose neighbouring chunks share
-// words (K-quants' paired nibbles); others walk single chunks, which keeps more lanes
-// busy on short rows.
+// words (Q4_K's and Q5_K's paired nibbles, Q6_K's high bits and scales); others walk
+// single chunks, which keeps more lanes busy on short rows.
 override PAIRED: bool = false;
 // Tokens per tile (two vec4 accumulators per row).
 const TILE: u32 = 8u;
