@@ -74,7 +74,7 @@ impl Sampler {
 
     /// Whether every token this sampler picks is the argmax of the raw logits (greedy
     /// decoding without a penalty): then a step need not return the logits at all
-    /// ([`crate::session::Session::push_greedy`]).
+    /// ([`crate::session::Session::greedy`]).
     pub fn is_plain_greedy(&self) -> bool {
         let p = &self.params;
         (p.temperature.is_nan() || p.temperature <= 0.0) && !penalises(p)

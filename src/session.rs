@@ -157,9 +157,8 @@ impl Session {
     }
 
     /// Process `tokens` (a prompt) in batches; afterwards `self.logits` holds the next-token
-    /// logits.
-    /// With [`greedy`](Self::greedy) set, only the greedy next token is kept (see
-    /// [`sample`](Self::sample)) and `self.logits` is left empty.
+    /// logits, or with [`greedy`](Self::greedy) set only the greedy next token is kept
+    /// (see [`sample`](Self::sample)) and `self.logits` is left empty.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             return Ok(());
@@ -178,8 +177,8 @@ impl Session {
         Ok(())
     }
 
-    /// Process one generated token; afterwards `self.logits` holds the next logits (or,
-    /// with [`greedy`](Self::greedy), the session the greedy next token).
+    /// Process one generated token; afterwards `self.logits` holds the next logits (with
+    /// [`greedy`](Self::greedy) set: the session keeps the greedy next token instead).
     pub fn push(&mut self, token: u32) -> Result<()> {
         self.check_room(1)?;
         let t0 = Instant::now();

@@ -29,8 +29,8 @@ pub fn warm(ctx: &GpuContext) -> Result<()> {
     op_pipeline(ctx, "argmax").map(drop)
 }
 
-/// out[g] = (key, index) of the largest of logits[g * SPAN .. (g + 1) * SPAN]; `out`
-/// holds [`groups`]`(n)` pairs. [`pick`] reduces them.
+/// `out[g]` = (key, index) of the largest of `logits[g * SPAN .. (g + 1) * SPAN]`;
+/// `out` holds [`groups`]`(n)` pairs. [`pick`] reduces them.
 pub fn gpu(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
