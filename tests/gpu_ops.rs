@@ -175,6 +175,16 @@ fn get_rows_all_types() {
 }
 
 #[test]
+fn get_rows_from_textures() {
+    for ctx in texture_contexts() {
+        for ty in small_block_types().chain(k_types()) {
+            let cols = if ty.block_size() == 256 { 256 } else { 96 };
+            check_get_rows(ctx, ty, 77, cols, &[0, 76, 5, 5, 40]);
+        }
+    }
+}
+
+#[test]
 fn get_rows_k_quants() {
     for ctx in contexts() {
         for ty in k_types() {

@@ -1,12 +1,15 @@
 //! The per-adapter kernel choices: `wgllm-bench kernels --save` records the fastest
-//! correct variant for the adapter it ran on, a context on that adapter then uses it,
-//! `WGLLM_MUL_MAT` still overrides it, and names it does not know (or a file it cannot
-//! read) fall back to the default. One test: it sets process-wide environment variables.
+//! correct variant, and weight memory, for the adapter it ran on, a context on that
+//! adapter then uses them, `WGLLM_MUL_MAT` and `WGLLM_WEIGHTS` still override them, and
+//! names it does not know (or a file it cannot read) fall back to the default. One test: it sets process-wide environment variables.
 
 use std::process::Command;
 
+use wgllm::gguf::TensorInfo;
+use wgllm::gpu::context::WEIGHTS_ENV;
 use wgllm::gpu::tuning::{adapter_key, Choices, Tuning, TUNING_ENV};
-use wgllm::gpu::{DeviceOptions, GpuContext};
+use wgllm::gpu::upload::WeightMemory;
+use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
 use wgllm::ops::mul_mat::{default_variant, variant, Variant, VARIANT_ENV};
 use wgllm::quant::GgmlType;
 
@@ -16,6 +19,20 @@ fn xdg(cmd: &mut Command) {
         std::fs::create_dir_all(&dir).unwrap();
         cmd.env("XDG_RUNTIME_DIR", dir);
     }
+}
+
+/// A tensor of `rows` zero rows of 32 elements, uploaded where `ctx` holds its type.
+fn upload(ctx: &GpuContext, ty: GgmlType, rows: u64) -> GpuTensor {
+    let dims = if rows == 1 { vec![32] } else { vec![32, rows] };
+    let n = ty.row_bytes(32).unwrap() * rows;
+    let info = TensorInfo {
+        name: format!("t.{ty}"),
+        dims,
+        ty,
+        offset: 0,
+        n_bytes: n,
+    };
+    GpuTensor::upload(ctx, &info, &vec![0u8; n as usize]).unwrap()
 }
 
 #[test]
@@ -34,6 +51,8 @@ fn saved_choices_are_used_on_their_adapter() {
             "1",
             "--variant",
             "row,wg",
+            "--weights",
+            "buffer,texture",
             "--reps",
             "2",
             "--save",
@@ -51,12 +70,15 @@ fn saved_choices_are_used_on_their_adapter() {
     let (key, choices) = saved.adapters.iter().next().unwrap();
     let chosen = &choices.mul_mat["Q4_0"];
     assert!(chosen == "row" || chosen == "wg", "{chosen}");
+    let memory = WeightMemory::parse(&choices.weights["Q4_0"]).unwrap();
 
     // A context on that adapter runs the recorded variant for Q4_0 only.
     let ctx = GpuContext::new(&DeviceOptions::default()).unwrap();
     assert_eq!(&adapter_key(&ctx.info), key);
     let want = Variant::parse(chosen).unwrap();
     assert_eq!(variant(&ctx, GgmlType::Q4_0).unwrap(), want);
+    assert_eq!(ctx.matrix_memory(GgmlType::Q4_0), memory);
+    assert_eq!(ctx.matrix_memory(GgmlType::Q8_0), WeightMemory::Buffer);
     assert_eq!(
         variant(&ctx, GgmlType::Q8_0).unwrap(),
         default_variant(&ctx)
@@ -67,6 +89,8 @@ fn saved_choices_are_used_on_their_adapter() {
     let mut c = Choices::default();
     c.mul_mat.insert("Q4_0".into(), "row".into());
     c.mul_mat.insert("Q8_0".into(), "no-such-variant".into());
+    c.weights.insert("Q4_0".into(), "texture".into());
+    c.weights.insert("Q8_0".into(), "no-such-memory".into());
     t.adapters.insert(key.clone(), c);
     t.save().unwrap();
     let ctx = GpuContext::new(&DeviceOptions::default()).unwrap();
@@ -75,6 +99,24 @@ fn saved_choices_are_used_on_their_adapter() {
         variant(&ctx, GgmlType::Q8_0).unwrap(),
         default_variant(&ctx)
     );
+    // Q4_0 matrices go into textures; Q8_0 ones, and vectors of any type, into buffers.
+    assert_eq!(
+        upload(&ctx, GgmlType::Q4_0, 3).memory,
+        WeightMemory::Texture
+    );
+    assert_eq!(upload(&ctx, GgmlType::Q4_0, 1).memory, WeightMemory::Buffer);
+    assert_eq!(upload(&ctx, GgmlType::Q8_0, 3).memory, WeightMemory::Buffer);
+    // The environment variable holds every matrix where it says, or names its mistake.
+    std::env::set_var(WEIGHTS_ENV, "buffer");
+    let forced = GpuContext::new(&DeviceOptions::default()).unwrap();
+    assert_eq!(forced.matrix_memory(GgmlType::Q4_0), WeightMemory::Buffer);
+    std::env::set_var(WEIGHTS_ENV, "Texture");
+    let forced = GpuContext::new(&DeviceOptions::default()).unwrap();
+    assert_eq!(forced.matrix_memory(GgmlType::Q8_0), WeightMemory::Texture);
+    std::env::set_var(WEIGHTS_ENV, "vram");
+    let err = GpuContext::new(&DeviceOptions::default()).err().unwrap();
+    assert!(err.to_string().contains("WGLLM_WEIGHTS=\"vram\""), "{err}");
+    std::env::remove_var(WEIGHTS_ENV);
     // The environment variable wins over the file.
     std::env::set_var(VARIANT_ENV, "wg");
     assert_eq!(variant(&ctx, GgmlType::Q4_0).unwrap(), Variant::Wg);

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::upload::WeightMemory;
 use crate::{Error, Result};
 
 /// How to pick the adapter.
@@ -22,6 +23,47 @@ pub struct DeviceOptions {
     /// Request at most this many storage buffers per shader stage (simulates a device
     /// with few, as GLES 3.1's minimum of 4).
     pub max_storage_buffers: Option<u32>,
+    /// Hold every weight matrix here; `None`: as `WGLLM_WEIGHTS` says if set, else per
+    /// type as the tuning file says ([`GpuContext::matrix_memory`]).
+    pub weights: Option<WeightMemory>,
+}
+
+/// Environment variable holding every weight matrix in `buffer`s or `texture`s,
+/// whatever the tuning file says.
+pub const WEIGHTS_ENV: &str = "WGLLM_WEIGHTS";
+
+/// [`GpuContext::fixed_subgroup`] from the device's subgroup sizes.
+fn fixed_size(has_subgroups: bool, min: u32, max: u32) -> Option<u32> {
+    (has_subgroups && min == max && min >= 4).then_some(min)
+}
+
+/// Whether weight textures (rows of `gpu::upload::TEX_W` texels) fit the device.
+fn textures_fit(limits: &wgpu::Limits) -> bool {
+    limits.max_texture_dimension_2d >= super::upload::TEX_W
+}
+
+/// The memory `opts` or `WGLLM_WEIGHTS` forces for every matrix, if any.
+fn forced_weights(
+    opts: &DeviceOptions,
+    info: &wgpu::AdapterInfo,
+    limits: &wgpu::Limits,
+) -> Result<Option<WeightMemory>> {
+    let forced = match (opts.weights, std::env::var(WEIGHTS_ENV)) {
+        (Some(m), _) => m,
+        (None, Err(_)) => return Ok(None),
+        (None, Ok(v)) => WeightMemory::parse(&v).ok_or_else(|| {
+            Error::invalid(format!("{WEIGHTS_ENV}={v:?}: expected buffer or texture"))
+        })?,
+    };
+    if forced == WeightMemory::Texture && !textures_fit(limits) {
+        return Err(Error::Unsupported(format!(
+            "weights in textures: {} allows textures only {} texels wide, {} needed",
+            info.name,
+            limits.max_texture_dimension_2d,
+            super::upload::TEX_W
+        )));
+    }
+    Ok(Some(forced))
 }
 
 /// Storage buffers a mul_mat kernel binds with the outputs of fused products (weights
@@ -58,6 +100,8 @@ pub struct GpuContext {
     /// A small storage buffer bound where a kernel's layout has an output that a
     /// dispatch does not write (the second and third outputs of an unfused mul_mat).
     pub unused_output: wgpu::Buffer,
+    /// Where every weight matrix is held, when set ([`DeviceOptions::weights`]).
+    forced_weights: Option<WeightMemory>,
     binding_cap: Option<u64>,
     lost: Arc<std::sync::atomic::AtomicBool>,
 }
@@ -256,8 +300,10 @@ impl GpuContext {
             usage: wgpu::BufferUsages::STORAGE,
             mapped_at_creation: false,
         });
+        let forced_weights = forced_weights(opts, &info, &limits)?;
         Ok(GpuContext {
             unused_output,
+            forced_weights,
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             adapter,
@@ -285,10 +331,26 @@ impl GpuContext {
     /// The subgroup size, where the device has subgroups of one fixed size (at least 4
     /// lanes): kernels whose workgroup is exactly one subgroup need it fixed.
     pub fn fixed_subgroup(&self) -> Option<u32> {
-        (self.has_subgroups
-            && self.subgroup_min_size == self.subgroup_max_size
-            && self.subgroup_min_size >= 4)
-            .then_some(self.subgroup_min_size)
+        fixed_size(
+            self.has_subgroups,
+            self.subgroup_min_size,
+            self.subgroup_max_size,
+        )
+    }
+
+    /// Where matrices of type `ty` are held: as forced ([`DeviceOptions::weights`],
+    /// `WGLLM_WEIGHTS`), else as the tuning file measured fastest for the type on this
+    /// adapter, else in storage buffers.
+    pub fn matrix_memory(&self, ty: crate::quant::GgmlType) -> WeightMemory {
+        if let Some(m) = self.forced_weights {
+            return m;
+        }
+        self.tuned
+            .weights
+            .get(ty.name())
+            .and_then(|m| WeightMemory::parse(m))
+            .filter(|&m| m == WeightMemory::Buffer || textures_fit(&self.limits))
+            .unwrap_or(WeightMemory::Buffer)
     }
 
     /// Largest range one storage binding may cover, in bytes.

@@ -11,24 +11,33 @@ pub enum Binding {
     Uniform,
     Read,
     ReadWrite,
+    /// A 2D texture of unsigned integers, read with `textureLoad` (weights held in
+    /// textures: `gpu::upload::WeightMemory`).
+    Texture,
 }
 
 impl Binding {
     /// The layout entry of a compute buffer binding of this kind at `binding`.
     pub fn entry(self, binding: u32) -> wgpu::BindGroupLayoutEntry {
+        let buffer = |ty| wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        };
         let ty = match self {
-            Binding::Uniform => wgpu::BufferBindingType::Uniform,
-            Binding::Read => wgpu::BufferBindingType::Storage { read_only: true },
-            Binding::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+            Binding::Uniform => buffer(wgpu::BufferBindingType::Uniform),
+            Binding::Read => buffer(wgpu::BufferBindingType::Storage { read_only: true }),
+            Binding::ReadWrite => buffer(wgpu::BufferBindingType::Storage { read_only: false }),
+            Binding::Texture => wgpu::BindingType::Texture {
+                sample_type: wgpu::TextureSampleType::Uint,
+                view_dimension: wgpu::TextureViewDimension::D2,
+                multisampled: false,
+            },
         };
         wgpu::BindGroupLayoutEntry {
             binding,
             visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty,
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
+            ty,
             count: None,
         }
     }

@@ -15,6 +15,8 @@ const STEP: &str = wgsl!("common/step.wgsl");
 const BYTES: &str = wgsl!("common/bytes.wgsl");
 /// The weight binding and its accessors, for kernels that read weights from storage.
 const W_STORAGE: &str = wgsl!("common/w_storage.wgsl");
+/// The same accessors over a texture (weights held as textures: `gpu::upload`).
+const W_TEXTURE: &str = wgsl!("common/w_texture.wgsl");
 const REDUCE: &str = wgsl!("common/reduce.wgsl");
 const ROPE_ANGLE: &str = wgsl!("common/rope_angle.wgsl");
 const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
@@ -197,24 +199,35 @@ pub fn op_source(name: &str) -> Result<String> {
     Ok(join(&parts))
 }
 
+/// How a weight-type kernel is specialised beyond its type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Form {
+    /// mul_mat stores to its one output only, for devices with too few storage bindings
+    /// per stage for fused products' outputs.
+    pub one_output: bool,
+    /// The weights are read from a texture (`common/w_texture.wgsl`) instead of storage.
+    pub texture: bool,
+}
+
 /// Source of a kernel specialised for weight type `ty`.
 pub fn quant_source(name: &str, ty: GgmlType) -> Result<String> {
-    quant_source_with(name, ty, false)
+    quant_source_as(name, ty, Form::default())
 }
 
-/// [`quant_source`] of a mul_mat variant that stores to its one output only, for
-/// devices with too few storage bindings per stage for fused products' outputs.
-pub fn quant_source_one_output(name: &str, ty: GgmlType) -> Result<String> {
-    quant_source_with(name, ty, true)
-}
-
-fn quant_source_with(name: &str, ty: GgmlType, one_output: bool) -> Result<String> {
+/// [`quant_source`] in `form`. Kernels that bind their weights themselves (the
+/// windowed mul_mat walks) have no texture form.
+pub fn quant_source_as(name: &str, ty: GgmlType, form: Form) -> Result<String> {
     let (_, body) = QUANT_OPS
         .iter()
         .find(|(n, _)| *n == name)
         .ok_or_else(|| Error::gpu(format!("no shader named {name}")))?;
     let dec = decoder(ty)
         .ok_or_else(|| Error::Unsupported(format!("{name} for {ty} weights on the GPU")))?;
+    if form.texture && !body.contains(&W_STORAGE) {
+        return Err(Error::Unsupported(format!(
+            "{name} reading its weights from a texture"
+        )));
+    }
     let mut parts = vec![STEP, BYTES];
     parts.extend_from_slice(dec);
     let has = |f: &str| dec.iter().any(|d| d.contains(f));
@@ -224,15 +237,11 @@ fn quant_source_with(name: &str, ty: GgmlType, one_output: bool) -> Result<Strin
     if !has("fn wdot64(") {
         parts.push(DOT64_GENERIC);
     }
-    let store = if one_output {
-        MUL_MAT_STORE1
-    } else {
-        MUL_MAT_STORE
-    };
-    parts.extend(
-        body.iter()
-            .map(|&b| if b == MUL_MAT_STORE { store } else { b }),
-    );
+    parts.extend(body.iter().map(|&b| match b {
+        MUL_MAT_STORE if form.one_output => MUL_MAT_STORE1,
+        W_STORAGE if form.texture => W_TEXTURE,
+        b => b,
+    }));
     Ok(hoist_directives(&join(&parts)))
 }
 
@@ -293,6 +302,13 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
         for ty in GgmlType::ALL {
             if let Ok(src) = quant_source(name, ty) {
                 out.push((format!("{name}_{ty}"), src));
+            }
+            let texture = Form {
+                texture: true,
+                ..Form::default()
+            };
+            if let Ok(src) = quant_source_as(name, ty, texture) {
+                out.push((format!("{name}_{ty}_tex"), src));
             }
         }
     }

@@ -11,8 +11,12 @@
 //! ```json
 //! { "version": 1,
 //!   "adapters": { "llvmpipe (LLVM 15.0.6, 256 bits) | Vulkan | ...": {
-//!       "mul_mat": { "Q4_0": "ks", "Q8_0": "ks", "F16": "sg" } } } }
+//!       "mul_mat": { "Q4_0": "ks", "Q8_0": "ks", "F16": "sg" },
+//!       "weights": { "Q4_0": "texture" } } } }
 //! ```
+//!
+//! `weights` says where matrices of a type are held (`gpu::upload::WeightMemory`);
+//! a type it does not name stays in storage buffers.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -50,10 +54,12 @@ pub fn adapter_key(info: &wgpu::AdapterInfo) -> String {
     )
 }
 
-/// The mul_mat variant names chosen per weight type name for one adapter.
+/// The mul_mat variant names, and the weight memories, chosen per weight type name for
+/// one adapter.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Choices {
     pub mul_mat: BTreeMap<String, String>,
+    pub weights: BTreeMap<String, String>,
 }
 
 /// Every adapter's choices, as the file holds them.
@@ -76,18 +82,25 @@ impl Tuning {
             .and_then(Value::as_object)
             .ok_or_else(|| bad("no \"adapters\" object"))?;
         for (key, a) in adapters {
-            let mut c = Choices::default();
-            if let Some(mm) = a.get("mul_mat") {
-                let mm = mm
+            // One map of weight type names to names.
+            let names = |field: &str| -> Result<BTreeMap<String, String>> {
+                let Some(m) = a.get(field) else {
+                    return Ok(BTreeMap::new());
+                };
+                let m = m
                     .as_object()
-                    .ok_or_else(|| bad(&format!("{key}: \"mul_mat\" is not an object")))?;
-                for (ty, var) in mm {
-                    let var = var
-                        .as_str()
-                        .ok_or_else(|| bad(&format!("{key}: mul_mat {ty} is not a name")))?;
-                    c.mul_mat.insert(ty.clone(), var.to_string());
-                }
-            }
+                    .ok_or_else(|| bad(&format!("{key}: \"{field}\" is not an object")))?;
+                m.iter()
+                    .map(|(ty, name)| match name.as_str() {
+                        Some(n) => Ok((ty.clone(), n.to_string())),
+                        None => Err(bad(&format!("{key}: {field} {ty} is not a name"))),
+                    })
+                    .collect()
+            };
+            let c = Choices {
+                mul_mat: names("mul_mat")?,
+                weights: names("weights")?,
+            };
             t.adapters.insert(key.clone(), c);
         }
         Ok(t)
@@ -97,7 +110,10 @@ impl Tuning {
         let adapters: serde_json::Map<String, Value> = self
             .adapters
             .iter()
-            .map(|(k, c)| (k.clone(), json!({ "mul_mat": c.mul_mat })))
+            .map(|(k, c)| {
+                let choices = json!({ "mul_mat": c.mul_mat, "weights": c.weights });
+                (k.clone(), choices)
+            })
             .collect();
         let v = json!({ "version": VERSION, "adapters": adapters });
         serde_json::to_string_pretty(&v).unwrap_or_default()
@@ -161,6 +177,7 @@ mod tests {
         let mut c = Choices::default();
         c.mul_mat.insert("Q4_0".into(), "ks".into());
         c.mul_mat.insert("F16".into(), "sg".into());
+        c.weights.insert("Q4_0".into(), "texture".into());
         t.adapters.insert("gpu | Vulkan".into(), c);
         assert_eq!(Tuning::parse(&t.to_json()).unwrap(), t);
         for bad in [
@@ -170,6 +187,7 @@ mod tests {
             r#"{"version": 1}"#,
             r#"{"version": 1, "adapters": {"a": {"mul_mat": []}}}"#,
             r#"{"version": 1, "adapters": {"a": {"mul_mat": {"Q4_0": 3}}}}"#,
+            r#"{"version": 1, "adapters": {"a": {"weights": {"Q4_0": 3}}}}"#,
         ] {
             assert!(Tuning::parse(bad).is_err(), "{bad}");
         }

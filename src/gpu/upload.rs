@@ -2,6 +2,11 @@
 //! mapped and the tensor's rows are copied straight from the map into it, in the
 //! layout of [`super::layout`] (the file encoding, or its bytes reordered planar per
 //! row). A tensor larger than one storage binding allows is split into row ranges.
+//!
+//! Where the context keeps a type's weights in textures ([`GpuContext::matrix_memory`]), a
+//! matrix's bytes run row-major through rgba32uint texels instead, [`TEX_W`] texels to
+//! a texture row (`shaders/common/w_texture.wgsl` reads them): they are written into a
+//! mapped staging buffer the same way and copied into the texture.
 
 use wgpu::util::DeviceExt;
 
@@ -11,11 +16,67 @@ use crate::{Error, Result};
 
 use super::GpuContext;
 
-/// One buffer holding rows `row0 .. row0 + n_rows` of a tensor.
+/// Where weights are held: storage buffers, or textures read by texel fetches (which
+/// CPU-hosted drivers gather with SIMD loads, where each storage load is a loop over
+/// the lanes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightMemory {
+    Buffer,
+    Texture,
+}
+
+impl WeightMemory {
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightMemory::Buffer => "buffer",
+            WeightMemory::Texture => "texture",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<WeightMemory> {
+        [WeightMemory::Buffer, WeightMemory::Texture]
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s.trim()))
+    }
+}
+
+/// log2 of [`TEX_W`] (`TEX_SHIFT` in shaders/common/w_texture.wgsl).
+pub const TEX_SHIFT: u32 = 12;
+/// Texels per row of a weight texture: 64 KiB, a multiple of the 256-byte row pitch a
+/// buffer-to-texture copy needs.
+pub const TEX_W: u32 = 1 << TEX_SHIFT;
+const TEXEL_BYTES: u64 = 16;
+
+/// The memory of one part.
+pub enum PartMemory {
+    Buffer(wgpu::Buffer),
+    /// The view is what binds; the texture is kept with it.
+    Texture(wgpu::Texture, wgpu::TextureView),
+}
+
+/// Rows `row0 .. row0 + n_rows` of a tensor, in one buffer or texture.
 pub struct Part {
-    pub buffer: wgpu::Buffer,
+    pub memory: PartMemory,
     pub row0: u32,
     pub n_rows: u32,
+}
+
+impl Part {
+    /// The buffer, for kernels that read this part from storage.
+    pub fn buffer(&self) -> Option<&wgpu::Buffer> {
+        match &self.memory {
+            PartMemory::Buffer(b) => Some(b),
+            PartMemory::Texture(..) => None,
+        }
+    }
+
+    /// The whole part as a binding.
+    pub fn binding(&self) -> wgpu::BindingResource<'_> {
+        match &self.memory {
+            PartMemory::Buffer(b) => b.as_entire_binding(),
+            PartMemory::Texture(_, view) => wgpu::BindingResource::TextureView(view),
+        }
+    }
 }
 
 /// A weight tensor on the GPU, still quantized as in the file ([`super::layout`] says
@@ -27,6 +88,8 @@ pub struct GpuTensor {
     pub ne: [u64; 4],
     /// Bytes per row on the GPU ([`super::layout::row_bytes`]).
     pub row_bytes: u64,
+    /// Where every part is held.
+    pub memory: WeightMemory,
     pub parts: Vec<Part>,
 }
 
@@ -58,6 +121,29 @@ impl GpuTensor {
         data: &[u8],
         copied: &mut dyn FnMut(&[u8]),
     ) -> Result<GpuTensor> {
+        let n_rows: u64 = info.dims.iter().skip(1).take(3).product();
+        let memory = memory_for(ctx, info.ty, n_rows);
+        Self::upload_to(ctx, info, data, memory, copied)
+    }
+
+    /// [`Self::upload`] into `memory`, wherever the context would hold the tensor
+    /// (benchmarks and tests compare the two).
+    pub fn upload_in(
+        ctx: &GpuContext,
+        info: &TensorInfo,
+        data: &[u8],
+        memory: WeightMemory,
+    ) -> Result<GpuTensor> {
+        Self::upload_to(ctx, info, data, memory, &mut |_| {})
+    }
+
+    fn upload_to(
+        ctx: &GpuContext,
+        info: &TensorInfo,
+        data: &[u8],
+        memory: WeightMemory,
+        copied: &mut dyn FnMut(&[u8]),
+    ) -> Result<GpuTensor> {
         let mut ne = [1u64; 4];
         for (i, d) in info.dims.iter().take(4).enumerate() {
             ne[i] = *d;
@@ -79,11 +165,11 @@ impl GpuTensor {
             )));
         }
         let gpu_row = super::layout::row_bytes(info.ty, ne[0]).unwrap_or(row_bytes);
-        let max = ctx.max_binding();
+        let max = part_capacity(ctx, memory);
         let rows_per_part = (max / gpu_row.max(1)).min(u32::MAX as u64);
         if rows_per_part == 0 {
             return Err(Error::gpu(format!(
-                "tensor {}: one row ({} bytes) exceeds the device's storage binding limit ({} bytes); \
+                "tensor {}: one row ({} bytes) exceeds the device's binding limit ({} bytes); \
                  use --gpu-layers to run this part on the CPU",
                 info.name, gpu_row, max
             )));
@@ -99,11 +185,11 @@ impl GpuTensor {
             let n = rows_per_part.min(n_rows - row0);
             let start = (row0 * row_bytes) as usize;
             let end = ((row0 + n) * row_bytes) as usize;
-            let buffer = ctx.scoped(&format!("uploading {}", info.name), || {
-                upload_rows(ctx, &info.name, &[&data[start..end]], rows, copied)
+            let memory = ctx.scoped(&format!("uploading {}", info.name), || {
+                upload_rows(ctx, &info.name, &[&data[start..end]], rows, memory, copied)
             })??;
             parts.push(Part {
-                buffer,
+                memory,
                 row0: row0 as u32,
                 n_rows: n as u32,
             });
@@ -114,6 +200,7 @@ impl GpuTensor {
             ty: info.ty,
             ne,
             row_bytes: gpu_row,
+            memory,
             parts,
         })
     }
@@ -152,9 +239,10 @@ impl GpuTensor {
             n_rows += rows;
         }
         let gpu_row = super::layout::row_bytes(ty, n_cols).unwrap_or(row_bytes);
-        if n_rows * gpu_row > ctx.max_binding() {
+        let memory = memory_for(ctx, ty, n_rows);
+        if n_rows * gpu_row > part_capacity(ctx, memory) {
             return Err(Error::gpu(format!(
-                "{name}: {} bytes exceed one storage binding",
+                "{name}: {} bytes exceed one binding",
                 n_rows * gpu_row
             )));
         }
@@ -164,16 +252,17 @@ impl GpuTensor {
             gpu: gpu_row as usize,
         };
         let srcs: Vec<&[u8]> = tensors.iter().map(|(_, d)| *d).collect();
-        let buffer = ctx.scoped(&format!("uploading {name}"), || {
-            upload_rows(ctx, name, &srcs, rows, copied)
+        let part = ctx.scoped(&format!("uploading {name}"), || {
+            upload_rows(ctx, name, &srcs, rows, memory, copied)
         })??;
         Ok(GpuTensor {
             name: name.to_string(),
             ty,
             ne: [n_cols, n_rows, 1, 1],
             row_bytes: gpu_row,
+            memory,
             parts: vec![Part {
-                buffer,
+                memory: part,
                 row0: 0,
                 n_rows: n_rows as u32,
             }],
@@ -192,51 +281,128 @@ struct Rows {
     gpu: usize,
 }
 
-/// A storage buffer holding the file rows of `srcs`, one after another, in the GPU
-/// layout (padded to a multiple of 16 bytes with zeros, so the weights bind as whole
-/// vec4s).
+/// Where a tensor of `n_rows` rows of type `ty` is held: vectors (norm weights, which
+/// the norm kernels read from storage) always in buffers, matrices where the context
+/// keeps the type's.
+fn memory_for(ctx: &GpuContext, ty: GgmlType, n_rows: u64) -> WeightMemory {
+    if n_rows > 1 {
+        ctx.matrix_memory(ty)
+    } else {
+        WeightMemory::Buffer
+    }
+}
+
+/// Largest part, in bytes, of a tensor held in `memory`.
+fn part_capacity(ctx: &GpuContext, memory: WeightMemory) -> u64 {
+    match memory {
+        WeightMemory::Buffer => ctx.max_binding(),
+        // Parts stay within one storage binding too, so both memories split a tensor
+        // alike (and the staging copy stays that small).
+        WeightMemory::Texture => ctx
+            .max_binding()
+            .min(TEX_W as u64 * TEXEL_BYTES * ctx.limits.max_texture_dimension_2d as u64),
+    }
+}
+
+/// The file rows of `srcs`, one after another, in the GPU layout, in a new buffer or
+/// texture (padded with zeros to whole vec4s, or whole texture rows, so the weights
+/// bind as whole vec4s).
 fn upload_rows(
     ctx: &GpuContext,
     label: &str,
     srcs: &[&[u8]],
     rows: Rows,
+    memory: WeightMemory,
     copied: &mut dyn FnMut(&[u8]),
-) -> Result<wgpu::Buffer> {
+) -> Result<PartMemory> {
     let n_rows: usize = srcs.iter().map(|b| b.len() / rows.file.max(1)).sum();
-    let size = ((n_rows * rows.gpu) as u64).next_multiple_of(16).max(16);
-    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    let bytes = ((n_rows * rows.gpu) as u64).max(16);
+    if memory == WeightMemory::Buffer {
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.next_multiple_of(16),
+            usage: weight_usage(ctx),
+            mapped_at_creation: true,
+        });
+        fill(&buffer, label, srcs, rows, copied)?;
+        buffer.unmap();
+        return Ok(PartMemory::Buffer(buffer));
+    }
+    let height = bytes.div_ceil(TEX_W as u64 * TEXEL_BYTES) as u32;
+    let size = wgpu::Extent3d {
+        width: TEX_W,
+        height,
+        depth_or_array_layers: 1,
+    };
+    let texture = ctx.device.create_texture(&wgpu::TextureDescriptor {
         label: Some(label),
         size,
-        usage: weight_usage(ctx),
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba32Uint,
+        usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+        view_formats: &[],
+    });
+    let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: height as u64 * TEX_W as u64 * TEXEL_BYTES,
+        usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
         mapped_at_creation: true,
     });
-    {
-        let mut view = buffer
-            .get_mapped_range_mut(..)
-            .map_err(|e| Error::gpu(format!("mapping the buffer for {label}: {e}")))?;
-        // Padding stays zero, as mapped buffers start zeroed.
-        let run_rows = (COPY_RUN / rows.file.max(1)).max(1);
-        let runs = srcs.iter().flat_map(|b| b.chunks(run_rows * rows.file));
-        let mut at = 0;
-        for src in runs {
-            if super::layout::planes(rows.ty).is_none() {
-                view.slice(at..at + src.len()).copy_from_slice(src);
-            } else {
-                // Reordered one row at a time through a row-sized scratch (the view
-                // is write-only).
-                let mut row = vec![0u8; rows.gpu];
-                for (k, s) in src.chunks(rows.file).enumerate() {
-                    super::layout::write_row(rows.ty, s, &mut row);
-                    let o = at + k * rows.gpu;
-                    view.slice(o..o + rows.gpu).copy_from_slice(&row);
-                }
+    fill(&staging, label, srcs, rows, copied)?;
+    staging.unmap();
+    let mut enc = ctx.device.create_command_encoder(&Default::default());
+    enc.copy_buffer_to_texture(
+        wgpu::TexelCopyBufferInfo {
+            buffer: &staging,
+            layout: wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(TEX_W * TEXEL_BYTES as u32),
+                rows_per_image: Some(height),
+            },
+        },
+        texture.as_image_copy(),
+        size,
+    );
+    // The staging buffer is freed once this copy has run.
+    ctx.queue.submit([enc.finish()]);
+    let view = texture.create_view(&Default::default());
+    Ok(PartMemory::Texture(texture, view))
+}
+
+/// Writes the file rows of `srcs` in the GPU layout into `buffer`, mapped at creation
+/// (whose padding stays zero, as mapped buffers start zeroed).
+fn fill(
+    buffer: &wgpu::Buffer,
+    label: &str,
+    srcs: &[&[u8]],
+    rows: Rows,
+    copied: &mut dyn FnMut(&[u8]),
+) -> Result<()> {
+    let mut view = buffer
+        .get_mapped_range_mut(..)
+        .map_err(|e| Error::gpu(format!("mapping the buffer for {label}: {e}")))?;
+    let run_rows = (COPY_RUN / rows.file.max(1)).max(1);
+    let runs = srcs.iter().flat_map(|b| b.chunks(run_rows * rows.file));
+    let mut at = 0;
+    for src in runs {
+        if super::layout::planes(rows.ty).is_none() {
+            view.slice(at..at + src.len()).copy_from_slice(src);
+        } else {
+            // Reordered one row at a time through a row-sized scratch (the view is
+            // write-only).
+            let mut row = vec![0u8; rows.gpu];
+            for (k, s) in src.chunks(rows.file).enumerate() {
+                super::layout::write_row(rows.ty, s, &mut row);
+                let o = at + k * rows.gpu;
+                view.slice(o..o + rows.gpu).copy_from_slice(&row);
             }
-            at += src.len() / rows.file.max(1) * rows.gpu;
-            copied(src);
         }
+        at += src.len() / rows.file.max(1) * rows.gpu;
+        copied(src);
     }
-    buffer.unmap();
-    Ok(buffer)
+    Ok(())
 }
 
 /// Usage of a weight buffer. With unified memory it is mappable, so the mapped range

@@ -247,7 +247,9 @@ fn single(w: &GpuTensor) -> Result<&wgpu::Buffer> {
         )));
     }
     match w.parts.as_slice() {
-        [p] => Ok(&p.buffer),
+        [p] => p
+            .buffer()
+            .ok_or_else(|| Error::gpu(format!("{}: norm weights held in a texture", w.name))),
         _ => Err(Error::gpu(format!(
             "{}: expected a single buffer, found {} parts",
             w.name,

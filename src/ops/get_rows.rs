@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use super::{dispatch, groups, Dispatch, WG};
+use super::{dispatch_bound, groups, Dispatch, WG};
+use crate::gpu::shaders::Form;
+use crate::gpu::upload::WeightMemory;
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -18,21 +20,31 @@ pub struct Params {
     pub _pad: [u32; 3],
 }
 
-/// The pipeline for weights of type `ty`.
-fn pipeline(ctx: &GpuContext, ty: GgmlType) -> Result<Arc<wgpu::ComputePipeline>> {
-    let layout = super::mul_mat::weight_layout(false);
+/// The pipeline for weights of type `ty` held in `memory`.
+fn pipeline(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    memory: WeightMemory,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    let layout = super::mul_mat::weight_layout(false, memory);
+    let form = Form {
+        texture: memory == WeightMemory::Texture,
+        ..Form::default()
+    };
+    let tex = if form.texture { "_tex" } else { "" };
     ctx.pipelines.get_laid_out(
         &ctx.device,
-        &format!("get_rows_{ty}"),
+        &format!("get_rows_{ty}{tex}"),
         &[("WG", WG as f64)],
         Some(&layout),
-        || crate::gpu::shaders::quant_source("get_rows", ty),
+        || crate::gpu::shaders::quant_source_as("get_rows", ty, form),
     )
 }
 
 /// Compile (or find) the pipeline [`gpu`] uses for weights of type `ty`, on any thread.
+/// Embedding tables are matrices, held where the context keeps the type's.
 pub fn warm(ctx: &GpuContext, ty: GgmlType) -> Result<()> {
-    pipeline(ctx, ty).map(drop)
+    pipeline(ctx, ty, ctx.matrix_memory(ty)).map(drop)
 }
 
 /// out[:, t] = W[:, ids[t]] * scale; out: [n_cols, n_tokens]. One dispatch per part of W.
@@ -52,7 +64,7 @@ pub fn gpu(
         )));
     }
     let label = format!("get_rows_{}", w.ty);
-    let pipe = pipeline(ctx, w.ty)?;
+    let pipe = pipeline(ctx, w.ty, w.memory)?;
     let chunks = (w.n_cols() / 32) as u32;
     let mut v = Vec::new();
     for part in &w.parts {
@@ -64,13 +76,13 @@ pub fn gpu(
             scale,
             _pad: [0; 3],
         };
-        v.push(dispatch(
+        v.push(dispatch_bound(
             ctx,
             &label,
             pipe.clone(),
             step,
             &p,
-            &super::mul_mat::weight_buffers(false, &part.buffer, ids, out),
+            super::mul_mat::weight_bindings(part, ids, out),
             move |s| [groups(chunks, WG), s.n_tokens, 1],
         )?);
     }

@@ -101,6 +101,20 @@ pub(crate) fn dispatch<P: bytemuck::Pod>(
     buffers: &[&wgpu::Buffer],
     grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
 ) -> crate::Result<Dispatch> {
+    let resources: Vec<_> = buffers.iter().map(|b| b.as_entire_binding()).collect();
+    dispatch_bound(ctx, label, pipeline, step, params, resources, grid)
+}
+
+/// [`dispatch`] with bindings 2.. given as resources (weights held in textures).
+pub(crate) fn dispatch_bound<P: bytemuck::Pod>(
+    ctx: &GpuContext,
+    label: &str,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    step: &wgpu::Buffer,
+    params: &P,
+    resources: Vec<wgpu::BindingResource<'_>>,
+    grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
+) -> crate::Result<Dispatch> {
     let params = uniform(ctx, label, params);
     let mut entries = vec![
         wgpu::BindGroupEntry {
@@ -112,10 +126,10 @@ pub(crate) fn dispatch<P: bytemuck::Pod>(
             resource: params.as_entire_binding(),
         },
     ];
-    for (i, b) in buffers.iter().enumerate() {
+    for (i, resource) in resources.into_iter().enumerate() {
         entries.push(wgpu::BindGroupEntry {
             binding: 2 + i as u32,
-            resource: b.as_entire_binding(),
+            resource,
         });
     }
     let layout = pipeline.get_bind_group_layout(0);

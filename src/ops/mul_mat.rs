@@ -1,9 +1,10 @@
 //! Quantized matrix times activations, dequantizing inside the kernel
 //! (`shaders/ops/mul_mat.wgsl` with the weight type's decoder).
 
-use super::{dispatch, groups, Dispatch, StepInfo, WG};
+use super::{dispatch, dispatch_bound, groups, Dispatch, StepInfo, WG};
 use crate::gpu::pipelines::Binding;
-use crate::gpu::upload::Part;
+use crate::gpu::shaders::Form;
+use crate::gpu::upload::{Part, WeightMemory};
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -177,14 +178,20 @@ pub(crate) fn pipeline(
     ty: GgmlType,
     v: Variant,
     store: Store,
+    memory: WeightMemory,
 ) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
-    let label = if fused {
-        format!("{}_{ty}", v.shader())
-    } else {
-        format!("{}_{ty}_1out", v.shader())
+    let form = Form {
+        one_output: !fused,
+        texture: memory == WeightMemory::Texture,
     };
+    let label = format!(
+        "{}_{ty}{}{}",
+        v.shader(),
+        if form.one_output { "_1out" } else { "" },
+        if form.texture { "_tex" } else { "" }
+    );
     let mut consts: Vec<(&str, f64)> = match v {
         Variant::Row => vec![("WG", WG as f64)],
         Variant::Win | Variant::WinU => {
@@ -202,15 +209,11 @@ pub(crate) fn pipeline(
         }
     };
     consts.push(("ACC", (store == Store::Add) as u8 as f64));
-    let layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU));
+    let layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU), memory);
     let layout = if fused { &layout[..] } else { &layout[..6] };
     ctx.pipelines
         .get_laid_out(&ctx.device, &label, &consts, Some(layout), || {
-            if fused {
-                crate::gpu::shaders::quant_source(v.shader(), ty)
-            } else {
-                crate::gpu::shaders::quant_source_one_output(v.shader(), ty)
-            }
+            crate::gpu::shaders::quant_source_as(v.shader(), ty, form)
         })
 }
 
@@ -474,10 +477,13 @@ impl<'a> Outputs<'a> {
     }
 
     /// Bindings 2..: weights, activations, outputs ([`mul_mat_layout`]).
-    fn buffers(&self, w: &'a wgpu::Buffer, x: &'a wgpu::Buffer) -> Vec<&'a wgpu::Buffer> {
-        let mut b = weight_buffers(false, w, x, self.ys[0]);
+    fn bindings(&self, w: &'a Part, x: &'a wgpu::Buffer) -> Vec<wgpu::BindingResource<'a>> {
+        let mut b = weight_bindings(w, x, self.ys[0]);
         if self.bound {
-            b.extend([self.ys[1], self.ys[2]]);
+            b.extend([
+                self.ys[1].as_entire_binding(),
+                self.ys[2].as_entire_binding(),
+            ]);
         }
         b
     }
@@ -500,12 +506,12 @@ fn gpu_out(
             w.n_cols()
         )));
     }
-    let v = resolve(ctx, v, w.ty, w.n_cols())?;
+    let v = resolve(ctx, v, w.ty, w.n_cols(), w.memory)?;
     let per_xu = tokens_per_xu(ctx, w.n_cols());
     if matches!(v, Variant::WinU | Variant::KsU) {
         return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu);
     }
-    let pipe = pipeline(ctx, w.ty, v, out.store)?;
+    let pipe = pipeline(ctx, w.ty, v, out.store, w.memory)?;
     let on = |_: &StepInfo| true;
     part_dispatches(ctx, (v, &pipe), step, w, (x, out), cols, (0, u32::MAX), on)
 }
@@ -536,15 +542,22 @@ fn part_dispatches(
         .map(|part| {
             let wp = WinParams::new(w, part, cols, out, window, toks);
             let g = grid(v, part.n_rows, max_groups);
-            let buffers = out.buffers(&part.buffer, x);
+            let bindings = out.bindings(part, x);
             let grid = move |s: &StepInfo| if on(s) { g } else { [0, 1, 1] };
-            dispatch(ctx, &label, pipe.clone(), step, &wp, &buffers, grid)
+            dispatch_bound(ctx, &label, pipe.clone(), step, &wp, bindings, grid)
         })
         .collect()
 }
 
-/// The variant that actually runs `v` for rows of `n_cols` elements of type `ty`.
-fn resolve(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> Result<Variant> {
+/// The variant that actually runs `v` for rows of `n_cols` elements of type `ty` held
+/// in `memory`.
+fn resolve(
+    ctx: &GpuContext,
+    v: Variant,
+    ty: GgmlType,
+    n_cols: u64,
+    memory: WeightMemory,
+) -> Result<Variant> {
     if !v.available(ctx) {
         return Err(Error::Unsupported(format!(
             "mul_mat variant {} on {}",
@@ -555,6 +568,8 @@ fn resolve(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> Result<Va
     Ok(match v {
         // Windows are runs of whole blocks, which planar rows (gpu::layout) do not have.
         Variant::Win | Variant::WinU if crate::gpu::layout::planes(ty).is_some() => Variant::Row,
+        // The windowed walks read a storage buffer of their own.
+        Variant::Win | Variant::WinU if memory == WeightMemory::Texture => Variant::Row,
         // Rows too long for the uniform buffer: the same walk with storage activations.
         Variant::WinU if tokens_per_xu(ctx, n_cols) == 0 => Variant::Win,
         Variant::KsU if tokens_per_xu(ctx, n_cols) == 0 => Variant::Ks,
@@ -564,43 +579,51 @@ fn resolve(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> Result<Va
 
 /// Compile (or find) the pipeline [`gpu`] will use for rows of `n_cols` elements of
 /// type `ty` with `store`, so that it can be built ahead of recording, on another thread.
+/// Matrices are held where the context keeps the type's ([`GpuContext::matrix_memory`]).
 pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, store: Store) -> Result<()> {
-    let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols)?;
-    pipeline(ctx, ty, v, store).map(|_| ())
+    let memory = ctx.matrix_memory(ty);
+    let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols, memory)?;
+    pipeline(ctx, ty, v, store, memory).map(|_| ())
 }
 
-/// Bindings 2.. of a kernel that reads weights from storage (common/w_storage.wgsl):
-/// the weights, the activations (or ids), the output and the weights again, seen as
-/// vec4s. The windowed variants bind only the vec4 view and decode a private copy.
-pub(crate) fn weight_buffers<'a>(
-    windowed: bool,
-    w: &'a wgpu::Buffer,
+/// Bindings 2.. of a kernel that reads weights through common/w_storage.wgsl or
+/// w_texture.wgsl: the weights, the activations (or ids), the output and the weights
+/// again (seen as vec4s in storage; the same texture). The windowed variants read only
+/// the vec4 view, at the first of the two.
+pub(crate) fn weight_bindings<'a>(
+    w: &'a Part,
     x: &'a wgpu::Buffer,
     y: &'a wgpu::Buffer,
-) -> Vec<&'a wgpu::Buffer> {
-    if windowed {
-        vec![w, x, y]
-    } else {
-        vec![w, x, y, w]
-    }
+) -> Vec<wgpu::BindingResource<'a>> {
+    vec![
+        w.binding(),
+        x.as_entire_binding(),
+        y.as_entire_binding(),
+        w.binding(),
+    ]
 }
 
-/// Group 0 of a kernel that reads weights from storage: step, parameters, weights as
-/// u32s, activations (a uniform copy for `x_uniform`), output, weights as vec4s. Laid
-/// out explicitly because a decoder may use either view of the weights alone.
-pub(crate) fn weight_layout(x_uniform: bool) -> [Binding; 6] {
+/// Group 0 of a kernel that reads weights through common/w_storage.wgsl: step,
+/// parameters, weights as u32s, activations (a uniform copy for `x_uniform`), output,
+/// weights as vec4s; or the weights' texture at both (w_texture.wgsl). Laid out
+/// explicitly because a decoder may use either view of the weights alone.
+pub(crate) fn weight_layout(x_uniform: bool, memory: WeightMemory) -> [Binding; 6] {
     let x = if x_uniform {
         Binding::Uniform
     } else {
         Binding::Read
     };
+    let w = match memory {
+        WeightMemory::Buffer => Binding::Read,
+        WeightMemory::Texture => Binding::Texture,
+    };
     [
         Binding::Uniform,
         Binding::Uniform,
-        Binding::Read,
+        w,
         x,
         Binding::ReadWrite,
-        Binding::Read,
+        w,
     ]
 }
 
@@ -608,8 +631,8 @@ pub(crate) fn weight_layout(x_uniform: bool) -> [Binding; 6] {
 /// outputs of fused products. The windowed variants read only the vec4 view of the
 /// weights (at binding 2, where the others have the u32 view); the same buffer is bound
 /// at both.
-fn mul_mat_layout(x_uniform: bool) -> [Binding; 8] {
-    let [a, b, c, d, e, f] = weight_layout(x_uniform);
+fn mul_mat_layout(x_uniform: bool, memory: WeightMemory) -> [Binding; 8] {
+    let [a, b, c, d, e, f] = weight_layout(x_uniform, memory);
     [a, b, c, d, e, f, Binding::ReadWrite, Binding::ReadWrite]
 }
 
@@ -640,7 +663,7 @@ fn gpu_uniform_x(
     cols: Columns,
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
-    let pipe = pipeline(ctx, w.ty, v, out.store)?;
+    let pipe = pipeline(ctx, w.ty, v, out.store, w.memory)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {

@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use wgllm::gpu::context::enumerate;
 use wgllm::gpu::readback::read_buffer;
-use wgllm::gpu::upload::storage_init;
+use wgllm::gpu::upload::{storage_init, WeightMemory};
 use wgllm::gpu::{DeviceOptions, GpuContext};
 use wgllm::ops::{Dispatch, StepInfo};
 
@@ -14,7 +14,22 @@ use wgllm::ops::{Dispatch, StepInfo};
 /// without any adapter fails the GPU tests: they must not silently skip.
 pub fn contexts() -> &'static [GpuContext] {
     static CTX: OnceLock<Vec<GpuContext>> = OnceLock::new();
+    CTX.get_or_init(|| contexts_with(&DeviceOptions::default()))
+}
+
+/// One context per adapter, as [`contexts`], holding every weight matrix in textures.
+pub fn texture_contexts() -> &'static [GpuContext] {
+    static CTX: OnceLock<Vec<GpuContext>> = OnceLock::new();
     CTX.get_or_init(|| {
+        contexts_with(&DeviceOptions {
+            weights: Some(WeightMemory::Texture),
+            ..Default::default()
+        })
+    })
+}
+
+fn contexts_with(opts: &DeviceOptions) -> Vec<GpuContext> {
+    {
         let adapters = enumerate();
         assert!(
             !adapters.is_empty(),
@@ -24,7 +39,7 @@ pub fn contexts() -> &'static [GpuContext] {
             .into_iter()
             .filter_map(|a| {
                 let name = a.get_info().name;
-                match GpuContext::from_adapter(a, &DeviceOptions::default()) {
+                match GpuContext::from_adapter(a, opts) {
                     Ok(c) => Some(c),
                     Err(e) => {
                         eprintln!("skipping adapter {name}: {e}");
@@ -33,7 +48,7 @@ pub fn contexts() -> &'static [GpuContext] {
                 }
             })
             .collect()
-    })
+    }
 }
 
 /// Deterministic pseudo-random floats in [-scale, scale).
@@ -119,5 +134,9 @@ pub fn run(ctx: &GpuContext, dispatches: &[Dispatch], step: &StepInfo) {
 }
 
 pub fn label(ctx: &GpuContext) -> String {
-    format!("{} ({:?})", ctx.info.name, ctx.info.backend)
+    let tex = match ctx.matrix_memory(wgllm::quant::GgmlType::Q4_0) {
+        WeightMemory::Texture => ", weights in textures",
+        WeightMemory::Buffer => "",
+    };
+    format!("{} ({:?}{tex})", ctx.info.name, ctx.info.backend)
 }

@@ -1,10 +1,11 @@
 //! `wgllm-bench kernels`: every mul_mat variant per weight type over matrix shapes of
-//! real models, checked against the CPU reference before it is timed.
+//! real models, with the weights in each memory asked for (storage buffers, textures),
+//! checked against the CPU reference before it is timed.
 
 use std::collections::BTreeMap;
 
 use wgllm::gguf::TensorInfo;
-use wgllm::gpu::upload::{storage, storage_init};
+use wgllm::gpu::upload::{storage, storage_init, WeightMemory};
 use wgllm::gpu::{GpuContext, GpuTensor};
 use wgllm::ops::mul_mat::{self, Columns, Variant};
 use wgllm::ops::StepInfo;
@@ -46,12 +47,29 @@ pub const DEFAULT_TYPES: [GgmlType; 6] = [
     GgmlType::F16,
 ];
 
+/// What runs a product: a mul_mat variant reading its weights from one memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Kernel {
+    pub variant: Variant,
+    pub memory: WeightMemory,
+}
+
+impl Kernel {
+    /// The variant's name, with `@texture` for weights in textures.
+    pub fn name(self) -> String {
+        match self.memory {
+            WeightMemory::Buffer => self.variant.name().to_string(),
+            m => format!("{}@{}", self.variant.name(), m.name()),
+        }
+    }
+}
+
 /// One measured (or rejected) case.
 #[derive(Clone, Debug)]
 pub struct Case {
     pub op: &'static str,
     pub ty: GgmlType,
-    pub variant: Variant,
+    pub kernel: Kernel,
     pub shape: String,
     pub k: u64,
     /// Rows actually run (big shapes are sub-sampled in quick mode).
@@ -80,6 +98,8 @@ impl Case {
 pub struct Plan {
     pub types: Vec<GgmlType>,
     pub variants: Vec<Variant>,
+    /// Where the weights are held, each in turn.
+    pub memories: Vec<WeightMemory>,
     pub shapes: Vec<Shape>,
     pub batches: Vec<u32>,
     /// Largest weight run per case; bigger shapes keep only as many rows.
@@ -88,11 +108,23 @@ pub struct Plan {
     pub reps: usize,
 }
 
-/// Per weight type, the variant to run: among those correct in every case measured for
+impl Plan {
+    /// Every (variant, memory) to run, memories outermost.
+    pub fn kernels(&self) -> Vec<Kernel> {
+        let each = |memory| {
+            self.variants
+                .iter()
+                .map(move |&variant| Kernel { variant, memory })
+        };
+        self.memories.iter().flat_map(|&m| each(m)).collect()
+    }
+}
+
+/// Per weight type, the kernel to run: among those correct in every case measured for
 /// the type, the one with the least geometric-mean time relative to the fastest of each
-/// (shape, batch); with it, how much slower the runner-up is (1.0 when alone). Variants
+/// (shape, batch); with it, how much slower the runner-up is (1.0 when alone). Kernels
 /// missing a case of their type, or wrong in any, are not chosen.
-pub fn fastest(cases: &[Case]) -> BTreeMap<GgmlType, (Variant, f64)> {
+pub fn fastest(cases: &[Case]) -> BTreeMap<GgmlType, (Kernel, f64)> {
     let mut by_ty: BTreeMap<GgmlType, Vec<&Case>> = BTreeMap::new();
     for c in cases {
         by_ty.entry(c.ty).or_default().push(c);
@@ -106,10 +138,10 @@ pub fn fastest(cases: &[Case]) -> BTreeMap<GgmlType, (Variant, f64)> {
                 .or_default()
                 .push(c);
         }
-        let mut variants: Vec<Variant> = cs.iter().map(|c| c.variant).collect();
-        variants.sort_by_key(|v| v.name());
-        variants.dedup();
-        let mut scored: Vec<(f64, Variant)> = variants
+        let mut kernels: Vec<Kernel> = cs.iter().map(|c| c.kernel).collect();
+        kernels.sort_by_key(|k| k.name());
+        kernels.dedup();
+        let mut scored: Vec<(f64, Kernel)> = kernels
             .into_iter()
             .filter_map(|v| {
                 let mut log_sum = 0.0;
@@ -119,7 +151,7 @@ pub fn fastest(cases: &[Case]) -> BTreeMap<GgmlType, (Variant, f64)> {
                         .filter(|c| c.correct)
                         .filter_map(|c| c.secs())
                         .fold(f64::INFINITY, f64::min);
-                    let mine = g.iter().find(|c| c.variant == v)?;
+                    let mine = g.iter().find(|c| c.kernel == v)?;
                     let t = mine.secs().filter(|_| mine.correct)?;
                     log_sum += (t / best).ln();
                 }
@@ -158,13 +190,20 @@ pub fn run(
                 .clamp(DISTINCT_ROWS, shape.n.max(DISTINCT_ROWS))
                 .min(shape.n);
             let w = weight(ty, shape.k, n)?;
-            let gw = upload(ctx, ty, shape.k, n, &w)?;
+            let gws = plan
+                .memories
+                .iter()
+                .map(|&m| upload(ctx, ty, shape.k, n, &w, m))
+                .collect::<Result<Vec<_>>>()?;
             for &batch in &plan.batches {
-                for &v in &plan.variants {
-                    if !v.available(ctx) {
+                for k in plan.kernels() {
+                    if !k.variant.available(ctx) {
                         continue;
                     }
-                    let c = one(ctx, timer, plan, shape, ty, v, &w, &gw, n, batch)?;
+                    let Some(gw) = gws.iter().find(|g| g.memory == k.memory) else {
+                        continue;
+                    };
+                    let c = one(ctx, timer, plan, shape, ty, k, &w, gw, n, batch)?;
                     each(&c);
                     out.push(c);
                 }
@@ -195,7 +234,14 @@ fn weight(ty: GgmlType, k: u64, n: u64) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-fn upload(ctx: &GpuContext, ty: GgmlType, k: u64, n: u64, bytes: &[u8]) -> Result<GpuTensor> {
+fn upload(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    k: u64,
+    n: u64,
+    bytes: &[u8],
+    memory: WeightMemory,
+) -> Result<GpuTensor> {
     let info = TensorInfo {
         name: format!("bench.{ty}"),
         dims: vec![k, n],
@@ -203,7 +249,7 @@ fn upload(ctx: &GpuContext, ty: GgmlType, k: u64, n: u64, bytes: &[u8]) -> Resul
         offset: 0,
         n_bytes: bytes.len() as u64,
     };
-    GpuTensor::upload(ctx, &info, bytes)
+    GpuTensor::upload_in(ctx, &info, bytes, memory)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -213,7 +259,7 @@ fn one(
     plan: &Plan,
     shape: &Shape,
     ty: GgmlType,
-    v: Variant,
+    kernel: Kernel,
     w: &[u8],
     gw: &GpuTensor,
     n: u64,
@@ -229,7 +275,7 @@ fn one(
     let yb = storage(ctx, "bench y", n * batch as u64 * 4)?;
     let ds = mul_mat::gpu_variant(
         ctx,
-        v,
+        kernel.variant,
         &sb,
         gw,
         &xb,
@@ -273,7 +319,7 @@ fn one(
     Ok(Case {
         op: "mul_mat",
         ty,
-        variant: v,
+        kernel,
         shape: format!("{}x{}", shape.k, shape.n),
         k: shape.k,
         n,
@@ -291,11 +337,11 @@ fn one(
 mod tests {
     use super::*;
 
-    fn case(ty: GgmlType, variant: Variant, shape: &str, batch: u32, ms: f64, ok: bool) -> Case {
+    fn case(ty: GgmlType, kernel: Kernel, shape: &str, batch: u32, ms: f64, ok: bool) -> Case {
         Case {
             op: "mul_mat",
             ty,
-            variant,
+            kernel,
             shape: shape.into(),
             k: 32,
             n: 1,
@@ -317,22 +363,31 @@ mod tests {
     #[test]
     fn fastest_correct_variant_per_type() {
         use GgmlType::{Q4_0, Q8_0};
-        use Variant::{Ks, Row, Wg};
+        let k = |variant, memory| Kernel { variant, memory };
+        let row = k(Variant::Row, WeightMemory::Buffer);
+        let wg = k(Variant::Wg, WeightMemory::Buffer);
+        // The same variant with textures is a kernel of its own.
+        let ks = k(Variant::Ks, WeightMemory::Buffer);
+        let ks_tex = k(Variant::Ks, WeightMemory::Texture);
         let cases = [
-            case(Q4_0, Row, "a", 1, 2.0, true),
-            case(Q4_0, Wg, "a", 1, 1.0, true),
-            case(Q4_0, Ks, "a", 1, 0.5, false),
-            case(Q4_0, Row, "a", 16, 2.0, true),
-            case(Q4_0, Wg, "a", 16, 3.0, true),
-            case(Q4_0, Ks, "a", 16, 0.5, true),
-            case(Q8_0, Row, "a", 1, 1.0, true),
-            case(Q8_0, Wg, "a", 1, 4.0, true),
+            case(Q4_0, ks, "a", 1, 9.0, true),
+            case(Q4_0, ks, "a", 16, 9.0, true),
+            case(Q4_0, row, "a", 1, 2.0, true),
+            case(Q4_0, wg, "a", 1, 1.0, true),
+            case(Q4_0, ks_tex, "a", 1, 0.5, false),
+            case(Q4_0, row, "a", 16, 2.0, true),
+            case(Q4_0, wg, "a", 16, 3.0, true),
+            case(Q4_0, ks_tex, "a", 16, 0.5, true),
+            case(Q8_0, row, "a", 1, 1.0, true),
+            case(Q8_0, wg, "a", 1, 4.0, true),
         ];
         let best = fastest(&cases);
         // Q4_0: wg 1.0 / 3.0 against row 2.0 / 2.0 relative to the best correct
         // (1.0, 0.5): wg sqrt(1 * 6) = 2.45, row sqrt(2 * 4) = 2.83.
-        assert_eq!(best[&Q4_0].0, Wg);
+        assert_eq!(best[&Q4_0].0, wg);
         assert!((best[&Q4_0].1 - (8f64 / 6.0).sqrt()).abs() < 1e-9);
-        assert_eq!(best[&Q8_0], (Row, 4.0));
+        assert_eq!(best[&Q8_0], (row, 4.0));
+        assert_eq!(ks_tex.name(), "ks@texture");
+        assert_eq!(ks.name(), "ks");
     }
 }

@@ -2,11 +2,12 @@
 
 use std::collections::BTreeMap;
 
+use wgllm::gpu::upload::WeightMemory;
 use wgllm::ops::mul_mat::Variant;
 use wgllm::quant::GgmlType;
 use wgllm::{Error, Result};
 
-use crate::kernels::{self, Case, Plan};
+use crate::kernels::{self, Case, Kernel, Plan};
 use crate::peak;
 use crate::timing::Timer;
 
@@ -24,6 +25,10 @@ pub struct KernelArgs {
     /// Variants, comma separated (default: every one the device runs).
     #[arg(long)]
     variant: Option<String>,
+    /// Where the weights are held, comma separated: buffer, texture (each variant runs
+    /// in each; the windowed walks run as `row` from textures).
+    #[arg(long, default_value = "buffer")]
+    weights: String,
     /// Batch sizes, comma separated.
     #[arg(long, default_value = "1,16,64")]
     batch: String,
@@ -64,6 +69,11 @@ fn parse_type(s: &str) -> Result<GgmlType> {
         .ok_or_else(|| Error::invalid(format!("unknown type {s:?}")))
 }
 
+fn parse_memory(s: &str) -> Result<WeightMemory> {
+    WeightMemory::parse(s)
+        .ok_or_else(|| Error::invalid(format!("--weights {s:?}: expected buffer or texture")))
+}
+
 fn parse_variant(s: &str) -> Result<Variant> {
     Variant::parse(s).ok_or_else(|| Error::invalid(format!("unknown variant {s:?}")))
 }
@@ -85,6 +95,7 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
     let plan = Plan {
         types: list(&a.types, parse_type)?.unwrap_or(kernels::DEFAULT_TYPES.to_vec()),
         variants: list(&a.variant, parse_variant)?.unwrap_or(Variant::ALL.to_vec()),
+        memories: list(&Some(a.weights.clone()), parse_memory)?.unwrap_or_default(),
         shapes,
         batches: a
             .batch
@@ -127,7 +138,7 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
     } else if a.csv {
         print!("{}", csv(&cases, peak_gbps));
     } else if a.compare {
-        print!("{}", compare(&cases, &plan.variants));
+        print!("{}", compare(&cases, &plan.kernels()));
     }
     if a.save {
         save(&ctx, &kernels::fastest(&cases))?;
@@ -136,17 +147,19 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
 }
 
 /// Merges this adapter's choices into the tuning file and says what it recorded.
-fn save(ctx: &wgllm::gpu::GpuContext, best: &BTreeMap<GgmlType, (Variant, f64)>) -> Result<()> {
+fn save(ctx: &wgllm::gpu::GpuContext, best: &BTreeMap<GgmlType, (Kernel, f64)>) -> Result<()> {
     use wgllm::gpu::tuning::{adapter_key, Tuning};
     let mut t = Tuning::load().unwrap_or_else(|e| {
         eprintln!("warning: replacing an unreadable tuning file: {e}");
         Tuning::default()
     });
     let entry = t.adapters.entry(adapter_key(&ctx.info)).or_default();
-    for (ty, (v, _)) in best {
+    for (ty, (k, _)) in best {
+        let ty = ty.name().to_string();
         entry
             .mul_mat
-            .insert(ty.name().to_string(), v.name().to_string());
+            .insert(ty.clone(), k.variant.name().to_string());
+        entry.weights.insert(ty, k.memory.name().to_string());
     }
     let path = t.save()?;
     eprintln!("saved to {} for {}:", path.display(), ctx.info.name);
@@ -162,7 +175,7 @@ fn row(c: &Case, peak: f64) -> String {
             "| {} | {} | {} | {} | {} | {} | {:.3} | {:.0}% | {:.2} | {:.2} | {:.1}% |",
             c.op,
             c.ty,
-            c.variant.name(),
+            c.kernel.name(),
             c.shape,
             c.n,
             c.batch,
@@ -176,7 +189,7 @@ fn row(c: &Case, peak: f64) -> String {
             "| {} | {} | {} | {} | {} | {} | WRONG (nmse {:.1e}) | | | | |",
             c.op,
             c.ty,
-            c.variant.name(),
+            c.kernel.name(),
             c.shape,
             c.n,
             c.batch,
@@ -193,7 +206,8 @@ fn json(ctx: &wgllm::gpu::GpuContext, pk: &peak::PeakResult, cases: &[Case]) -> 
             serde_json::json!({
                 "op": c.op,
                 "type": c.ty.name(),
-                "variant": c.variant.name(),
+                "variant": c.kernel.variant.name(),
+                "weights": c.kernel.memory.name(),
                 "shape": c.shape,
                 "k": c.k,
                 "n": c.n_full,
@@ -234,7 +248,7 @@ fn csv(cases: &[Case], peak: f64) -> String {
             "{},{},{},{},{},{},{},{},{},{},{}\n",
             c.op,
             c.ty,
-            c.variant.name(),
+            c.kernel.name(),
             c.shape,
             c.n,
             c.batch,
@@ -250,7 +264,7 @@ fn csv(cases: &[Case], peak: f64) -> String {
 
 /// One line per (type, shape, batch); one column per variant: ms, and the ratio of the
 /// first variant's time to this one's (above 1: faster).
-fn compare(cases: &[Case], variants: &[Variant]) -> String {
+fn compare(cases: &[Case], variants: &[Kernel]) -> String {
     let mut by: BTreeMap<(String, String, u32), Vec<&Case>> = BTreeMap::new();
     for c in cases {
         by.entry((c.ty.to_string(), c.shape.clone(), c.batch))
@@ -267,11 +281,11 @@ fn compare(cases: &[Case], variants: &[Variant]) -> String {
     for ((ty, shape, batch), cs) in by {
         let base = variants
             .first()
-            .and_then(|v| cs.iter().find(|c| c.variant == *v))
+            .and_then(|v| cs.iter().find(|c| c.kernel == *v))
             .and_then(|c| c.secs());
         s.push_str(&format!("| {ty} | {shape} | {batch} |"));
         for v in variants {
-            let cell = match cs.iter().find(|c| c.variant == *v) {
+            let cell = match cs.iter().find(|c| c.kernel == *v) {
                 Some(c) if !c.correct => "WRONG".to_string(),
                 Some(c) => match (c.secs(), base) {
                     (Some(t), Some(b)) => format!("{:.3} ms ({:.2}x)", t * 1e3, b / t),
