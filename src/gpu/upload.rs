@@ -329,21 +329,8 @@ fn upload_rows(
         return Ok(PartMemory::Buffer(buffer));
     }
     let height = bytes.div_ceil(TEX_W as u64 * TEXEL_BYTES) as u32;
-    let size = wgpu::Extent3d {
-        width: TEX_W,
-        height,
-        depth_or_array_layers: 1,
-    };
-    let texture = ctx.device.create_texture(&wgpu::TextureDescriptor {
-        label: Some(label),
-        size,
-        mip_level_count: 1,
-        sample_count: 1,
-        dimension: wgpu::TextureDimension::D2,
-        format: wgpu::TextureFormat::Rgba32Uint,
-        usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
-        view_formats: &[],
-    });
+    let texture = weight_texture(ctx, label, height);
+    let size = texture.size();
     let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size: height as u64 * TEX_W as u64 * TEXEL_BYTES,
@@ -369,6 +356,25 @@ fn upload_rows(
     ctx.queue.submit([enc.finish()]);
     let view = texture.create_view(&Default::default());
     Ok(PartMemory::Texture(texture, view))
+}
+
+/// An rgba32uint texture [`TEX_W`] texels wide and `height` rows high, to be written by
+/// copies and read by `textureLoad`.
+pub fn weight_texture(ctx: &GpuContext, label: &str, height: u32) -> wgpu::Texture {
+    ctx.device.create_texture(&wgpu::TextureDescriptor {
+        label: Some(label),
+        size: wgpu::Extent3d {
+            width: TEX_W,
+            height,
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba32Uint,
+        usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+        view_formats: &[],
+    })
 }
 
 /// Writes the file rows of `srcs` in the GPU layout into `buffer`, mapped at creation

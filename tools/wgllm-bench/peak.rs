@@ -233,25 +233,13 @@ pub fn peak(ctx: &GpuContext, timer: &Timer, bytes: u64, reps: usize) -> Result<
         .ok_or_else(|| Error::gpu("no read pattern could run on this device"))
 }
 
-/// TEX_W (read_peak.wgsl) texels wide: `words` as rgba32uint texels, row-major.
+/// TEX_W (read_peak.wgsl, the weights' `gpu::upload::TEX_W`) texels wide: `words` as
+/// rgba32uint texels, row-major.
 fn texture(ctx: &GpuContext, words: &[u32]) -> wgpu::TextureView {
-    const TEX_W: u32 = 4096;
+    use wgllm::gpu::upload::{weight_texture, TEX_W};
     let height = ((words.len() / 4) as u32 / TEX_W).clamp(1, ctx.limits.max_texture_dimension_2d);
-    let size = wgpu::Extent3d {
-        width: TEX_W,
-        height,
-        depth_or_array_layers: 1,
-    };
-    let tex = ctx.device.create_texture(&wgpu::TextureDescriptor {
-        label: Some("peak texture"),
-        size,
-        mip_level_count: 1,
-        sample_count: 1,
-        dimension: wgpu::TextureDimension::D2,
-        format: wgpu::TextureFormat::Rgba32Uint,
-        usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
-        view_formats: &[],
-    });
+    let tex = weight_texture(ctx, "peak texture", height);
+    let size = tex.size();
     let n = (TEX_W * height * 4) as usize;
     if words.len() >= n {
         ctx.queue.write_texture(
