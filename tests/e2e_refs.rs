@@ -13,6 +13,8 @@ use std::sync::Arc;
 use serde_json::Value;
 use wgllm::engine::{load_engine, EngineOptions};
 use wgllm::gguf::GgufFile;
+use wgllm::gpu::upload::WeightMemory;
+use wgllm::gpu::DeviceOptions;
 use wgllm::model::gpu_backend::Logits;
 use wgllm::model::Config;
 use wgllm::sampling::{argmax, Sampler, SamplingParams};
@@ -60,11 +62,20 @@ fn open(name: &str) -> Model {
 }
 
 fn engine(m: &Model, gpu_layers: Option<u32>) -> Box<dyn wgllm::session::Engine> {
+    engine_on(m, gpu_layers, DeviceOptions::default())
+}
+
+fn engine_on(
+    m: &Model,
+    gpu_layers: Option<u32>,
+    device: DeviceOptions,
+) -> Box<dyn wgllm::session::Engine> {
     let opts = EngineOptions {
         n_ctx: 256,
         n_batch: 64,
         gpu_layers,
         threads: 0,
+        device,
         ..Default::default()
     };
     load_engine(m.file.clone(), &m.cfg, &opts).expect("load engine")
@@ -146,9 +157,20 @@ fn check_logits(label: &str, m: &Model, e: &mut dyn wgllm::session::Engine, run:
 }
 
 fn check_model(file: &str, refname: &str, gpu_layers: Option<u32>, label: &str) {
+    check_model_on(file, refname, gpu_layers, DeviceOptions::default(), label);
+}
+
+fn check_model_on(
+    file: &str,
+    refname: &str,
+    gpu_layers: Option<u32>,
+    device: DeviceOptions,
+    label: &str,
+) {
     let m = open(file);
     let greedy_ref = refs(&format!("greedy_{refname}.json"));
     let logits_ref = refs(&format!("logits_top10_{refname}.json"));
+    let engine = |m: &Model, gpu_layers| engine_on(m, gpu_layers, device.clone());
     let mut e = engine(&m, gpu_layers);
     for run in logits_ref["runs"].as_array().expect("runs") {
         check_logits(label, &m, e.as_mut(), run);
@@ -182,6 +204,33 @@ fn smollm2_gpu() {
 fn gemma3_gpu() {
     common::contexts();
     check_model(GEMMA.0, GEMMA.1, None, "Gemma 3 GPU");
+}
+
+/// Every weight matrix held in textures (`WeightMemory::Texture`), on the first adapter.
+fn in_textures() -> DeviceOptions {
+    DeviceOptions {
+        device: Some("0".into()),
+        weights: Some(WeightMemory::Texture),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn smollm2_gpu_weights_in_textures() {
+    common::contexts();
+    check_model_on(SMOL.0, SMOL.1, None, in_textures(), "SmolLM2 GPU, textures");
+}
+
+#[test]
+fn gemma3_gpu_weights_in_textures() {
+    common::contexts();
+    check_model_on(
+        GEMMA.0,
+        GEMMA.1,
+        None,
+        in_textures(),
+        "Gemma 3 GPU, textures",
+    );
 }
 
 #[test]
