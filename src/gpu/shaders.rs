@@ -2,6 +2,7 @@
 //! common helpers followed by its own file. A quantized kernel additionally gets the
 //! weight type's `decode32` from `shaders/common/quant/`.
 
+use super::upload::WeightMemory;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -209,9 +210,27 @@ pub struct Form {
     pub texture: bool,
 }
 
+impl Form {
+    /// The form of a kernel reading weights held in `memory`, storing to its one output
+    /// only if `one_output`.
+    pub fn new(one_output: bool, memory: WeightMemory) -> Form {
+        Form {
+            one_output,
+            texture: memory == WeightMemory::Texture,
+        }
+    }
+
+    /// What the form adds to a pipeline's label, so each form is cached apart.
+    pub fn suffix(self) -> String {
+        let one = if self.one_output { "_1out" } else { "" };
+        let tex = if self.texture { "_tex" } else { "" };
+        format!("{one}{tex}")
+    }
+}
+
 /// Source of a kernel specialised for weight type `ty`.
 pub fn quant_source(name: &str, ty: GgmlType) -> Result<String> {
-    quant_source_as(name, ty, Form::default())
+    quant_source_as(name, ty, Form::new(false, WeightMemory::Buffer))
 }
 
 /// [`quant_source`] in `form`. Kernels that bind their weights themselves (the
@@ -303,10 +322,7 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
             if let Ok(src) = quant_source(name, ty) {
                 out.push((format!("{name}_{ty}"), src));
             }
-            let texture = Form {
-                texture: true,
-                ..Form::default()
-            };
+            let texture = Form::new(false, WeightMemory::Texture);
             if let Ok(src) = quant_source_as(name, ty, texture) {
                 out.push((format!("{name}_{ty}_tex"), src));
             }

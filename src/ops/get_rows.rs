@@ -27,14 +27,10 @@ fn pipeline(
     memory: WeightMemory,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     let layout = super::mul_mat::weight_layout(false, memory);
-    let form = Form {
-        texture: memory == WeightMemory::Texture,
-        ..Form::default()
-    };
-    let tex = if form.texture { "_tex" } else { "" };
+    let form = Form::new(false, memory);
     ctx.pipelines.get_laid_out(
         &ctx.device,
-        &format!("get_rows_{ty}{tex}"),
+        &format!("get_rows_{ty}{}", form.suffix()),
         &[("WG", WG as f64)],
         Some(&layout),
         || crate::gpu::shaders::quant_source_as("get_rows", ty, form),

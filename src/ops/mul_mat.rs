@@ -182,16 +182,8 @@ pub(crate) fn pipeline(
 ) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
-    let form = Form {
-        one_output: !fused,
-        texture: memory == WeightMemory::Texture,
-    };
-    let label = format!(
-        "{}_{ty}{}{}",
-        v.shader(),
-        if form.one_output { "_1out" } else { "" },
-        if form.texture { "_tex" } else { "" }
-    );
+    let form = Form::new(!fused, memory);
+    let label = format!("{}_{ty}{}", v.shader(), form.suffix());
     let mut consts: Vec<(&str, f64)> = match v {
         Variant::Row => vec![("WG", WG as f64)],
         Variant::Win | Variant::WinU => {
