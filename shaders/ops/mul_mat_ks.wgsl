@@ -1,6 +1,7 @@
 // mul_mat with the row's chunks split across one subgroup: a workgroup is exactly one
-// subgroup of WG lanes and owns ROWS consecutive rows. Lane l decodes chunks l, l + WG,
-// ... of each of its rows, so the chunk of activations it loads serves all ROWS rows;
+// subgroup of WG lanes and owns ROWS consecutive rows. Each lane decodes its share of
+// the chunks of every row (`lane_walk`), so the chunk of activations it loads serves all
+// ROWS rows;
 // the lanes' partial sums are then added with subgroupAdd (no workgroup memory, no
 // barrier). On CPU-hosted drivers every storage load is a per-lane loop, so loading
 // each activation once per ROWS rows is what makes this fast there.
@@ -34,6 +35,14 @@ const ROWS: u32 = 64u;
 // words (Q4_K's and Q5_K's paired nibbles, Q6_K's high bits and scales); others walk
 // single chunks, which keeps more lanes busy on short rows.
 override PAIRED: bool = false;
+// How a single token's lanes share a row's chunks (pairs): in RUNS, lane l walks the
+// l-th of WG contiguous runs; otherwise chunks l, l + WG, ... A gather of the WG lanes
+// then touches WG cache lines of a row instead of two when a chunk's quants are 16 bytes,
+// so the misses of rows that are not cached overlap. Measured on lavapipe, batch 1,
+// alternated: Q4_0 at 8B shapes 24-30 -> 9-16 ms, SmolLM2's Q4_1 1536-column product
+// 15.7-16.0 -> 8.7-10.0 ms per decode step; Q8_0, whose 32-byte chunks already span
+// four lines, 1.1-1.8x slower in runs, so its host sets RUNS off (`ops::mul_mat`).
+override RUNS: bool = true;
 // Tokens per tile (two vec4 accumulators per row).
 const TILE: u32 = 8u;
 
@@ -59,6 +68,16 @@ fn x_chunk(first: u32, t: u32, c: u32) -> array<vec4<f32>, 8> {
         xv(first, t, i), xv(first, t, i + 1u), xv(first, t, i + 2u), xv(first, t, i + 3u),
         xv(first, t, i + 4u), xv(first, t, i + 5u), xv(first, t, i + 6u), xv(first, t, i + 7u),
     );
+}
+
+// Lane l's share of the items begin .. end as (first, end, step), per RUNS.
+fn lane_walk(begin: u32, end: u32, l: u32) -> vec3<u32> {
+    if (!RUNS) {
+        return vec3<u32>(begin + l, end, WG);
+    }
+    let run = (end - begin + WG - 1u) / WG;
+    let a = min(begin + l * run, end);
+    return vec3<u32>(a, min(a + run, end), 1u);
 }
 
 @compute @workgroup_size(WG)
@@ -115,9 +134,11 @@ fn main(
         }
     }
     let n_pairs = select(0u, n_chunks / 2u, PAIRED);
+    let pairs = lane_walk(0u, n_pairs, l);
+    let singles = lane_walk(2u * n_pairs, n_chunks, l);
     for (; t < n_out; t++) {
         var acc = array<f32, ROWS>();
-        for (var c2 = l; c2 < n_pairs; c2 += WG) {
+        for (var c2 = pairs.x; c2 < pairs.y; c2 += pairs.z) {
             // One token: the decoders' own dot products, with scales outside the sum,
             // two chunks at a time (K-quants share words between neighbouring chunks).
             let xa = x_chunk(first, t, 2u * c2);
@@ -129,7 +150,7 @@ fn main(
             }
         }
         // The chunks not walked in pairs (all of them unless PAIRED; an odd last one).
-        for (var c = 2u * n_pairs + l; c < n_chunks; c += WG) {
+        for (var c = singles.x; c < singles.y; c += singles.z) {
             let x0 = x_chunk(first, t, c);
             let xs = x_sum(x0);
             for (var i = 0u; i < nr; i++) {

@@ -173,6 +173,16 @@ const ROW_WG: u32 = 64;
 /// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
 const KS_ROWS: u32 = 64;
 
+/// Whether a single token's lanes in `Ks` walk contiguous runs of a row (`RUNS` in
+/// mul_mat_ks.wgsl): types whose chunks hold 16 or 20 bytes of quants gain (Q4_0 2x at
+/// 8B shapes on lavapipe); Q8_0 and F16, whose chunks span 32 and 64 bytes, lose.
+fn ks_runs(ty: GgmlType) -> bool {
+    !matches!(
+        ty,
+        GgmlType::Q8_0 | GgmlType::F16 | GgmlType::BF16 | GgmlType::F32
+    )
+}
+
 pub(crate) fn pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
@@ -197,6 +207,7 @@ pub(crate) fn pipeline(
             vec![
                 ("WG", ctx.subgroup_min_size as f64),
                 ("PAIRED", paired as u8 as f64),
+                ("RUNS", ks_runs(ty) as u8 as f64),
             ]
         }
     };
