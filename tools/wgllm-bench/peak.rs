@@ -225,9 +225,27 @@ pub fn measure(
     Ok(out)
 }
 
-/// The fastest of [`peak_patterns`] over `bytes` bytes.
-pub fn peak(ctx: &GpuContext, timer: &Timer, bytes: u64, reps: usize) -> Result<PeakResult> {
-    measure(ctx, timer, bytes, &peak_patterns(), reps)?
+/// The texel-fetch probes the peak of weights held in textures is taken over.
+pub fn texture_patterns() -> Vec<Pattern> {
+    ["tex_vec4_x4", "tex_vec4"]
+        .into_iter()
+        .map(|entry| Pattern {
+            entry,
+            wg: 64,
+            per_inv: 1024,
+        })
+        .collect()
+}
+
+/// The fastest of `patterns` over `bytes` bytes.
+pub fn peak(
+    ctx: &GpuContext,
+    timer: &Timer,
+    bytes: u64,
+    patterns: &[Pattern],
+    reps: usize,
+) -> Result<PeakResult> {
+    measure(ctx, timer, bytes, patterns, reps)?
         .into_iter()
         .max_by(|a, b| a.gbps().total_cmp(&b.gbps()))
         .ok_or_else(|| Error::gpu("no read pattern could run on this device"))

@@ -120,14 +120,14 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
         warmup: 1,
         reps: a.reps,
     };
-    let pk = peak::peak(&ctx, &timer, PEAK_BYTES, 3)?;
-    let peak_gbps = pk.gbps();
+    let peaks = Peaks::measure(&ctx, &timer, &plan.memories)?;
+    let pk = &peaks.buffer;
     let quiet = a.json || a.csv || a.compare;
     if !quiet {
         println!("device: {}", ctx.describe());
         println!(
             "peak read: {:.2} GB/s ({}), clock: {}",
-            peak_gbps,
+            pk.gbps(),
             pk.pattern.name(),
             if pk.samples.gpu_clock {
                 "GPU timestamps"
@@ -135,18 +135,25 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
                 "host"
             }
         );
+        if let Some(t) = &peaks.texture {
+            println!(
+                "peak texel read: {:.2} GB/s ({}; % peak of weights in textures)",
+                t.gbps(),
+                t.pattern.name()
+            );
+        }
         println!("| op | type | variant | shape | rows run | batch | ms | spread | GB/s | GFLOP/s | % peak |");
         println!("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|");
     }
     let cases = kernels::run(&ctx, &timer, &plan, |c| {
         if !quiet {
-            println!("{}", row(c, peak_gbps));
+            println!("{}", row(c, &peaks));
         }
     })?;
     if a.json {
-        println!("{}", json(&ctx, &pk, &cases));
+        println!("{}", json(&ctx, &peaks, &cases));
     } else if a.csv {
-        print!("{}", csv(&cases, peak_gbps));
+        print!("{}", csv(&cases, &peaks));
     } else if a.compare {
         print!("{}", compare(&cases, &plan.kernels()));
     }
@@ -179,7 +186,47 @@ fn save(ctx: &wgllm::gpu::GpuContext, best: &BTreeMap<GgmlType, (Kernel, f64)>) 
     Ok(())
 }
 
-fn row(c: &Case, peak: f64) -> String {
+/// The read peaks "% peak" is relative to: storage reads, and texel fetches when some
+/// weights are held in textures (each case against the peak of its weights' memory).
+struct Peaks {
+    buffer: peak::PeakResult,
+    texture: Option<peak::PeakResult>,
+}
+
+impl Peaks {
+    fn measure(
+        ctx: &wgllm::gpu::GpuContext,
+        timer: &Timer,
+        memories: &[WeightMemory],
+    ) -> Result<Self> {
+        let buffer = peak::peak(ctx, timer, PEAK_BYTES, &peak::peak_patterns(), 3)?;
+        let texture = match memories.contains(&WeightMemory::Texture) {
+            true => Some(peak::peak(
+                ctx,
+                timer,
+                PEAK_BYTES,
+                &peak::texture_patterns(),
+                3,
+            )?),
+            false => None,
+        };
+        Ok(Peaks { buffer, texture })
+    }
+
+    /// The peak of `memory`, in GB/s.
+    fn of(&self, memory: WeightMemory) -> f64 {
+        match (memory, &self.texture) {
+            (WeightMemory::Texture, Some(t)) => t.gbps(),
+            _ => self.buffer.gbps(),
+        }
+    }
+
+    fn pct(&self, c: &Case) -> Option<f64> {
+        c.gbps().map(|g| g / self.of(c.kernel.memory) * 100.0)
+    }
+}
+
+fn row(c: &Case, peaks: &Peaks) -> String {
     match (&c.samples, c.correct) {
         (Some(s), true) => format!(
             "| {} | {} | {} | {} | {} | {} | {:.3} | {:.0}% | {:.2} | {:.2} | {:.1}% |",
@@ -193,7 +240,7 @@ fn row(c: &Case, peak: f64) -> String {
             s.spread() * 100.0,
             c.gbps().unwrap_or(0.0),
             c.gflops().unwrap_or(0.0),
-            c.gbps().unwrap_or(0.0) / peak * 100.0
+            peaks.pct(c).unwrap_or(0.0)
         ),
         _ => format!(
             "| {} | {} | {} | {} | {} | {} | WRONG (nmse {:.1e}) | | | | |",
@@ -208,8 +255,8 @@ fn row(c: &Case, peak: f64) -> String {
     }
 }
 
-fn json(ctx: &wgllm::gpu::GpuContext, pk: &peak::PeakResult, cases: &[Case]) -> String {
-    let peak = pk.gbps();
+fn json(ctx: &wgllm::gpu::GpuContext, peaks: &Peaks, cases: &[Case]) -> String {
+    let pk = &peaks.buffer;
     let rows: Vec<serde_json::Value> = cases
         .iter()
         .map(|c| {
@@ -233,7 +280,7 @@ fn json(ctx: &wgllm::gpu::GpuContext, pk: &peak::PeakResult, cases: &[Case]) -> 
                 "flops": c.flops,
                 "gb_s": c.gbps(),
                 "gflop_s": c.gflops(),
-                "pct_peak": c.gbps().map(|g| g / peak * 100.0),
+                "pct_peak": peaks.pct(c),
             })
         })
         .collect();
@@ -242,13 +289,16 @@ fn json(ctx: &wgllm::gpu::GpuContext, pk: &peak::PeakResult, cases: &[Case]) -> 
         "backend": format!("{:?}", ctx.info.backend),
         "driver": format!("{} {}", ctx.info.driver, ctx.info.driver_info),
         "clock": if pk.samples.gpu_clock { "gpu_timestamp" } else { "host" },
-        "peak": { "pattern": pk.pattern.name(), "gb_s": peak },
+        "peak": { "pattern": pk.pattern.name(), "gb_s": pk.gbps() },
+        "texture_peak": peaks.texture.as_ref().map(|t| {
+            serde_json::json!({ "pattern": t.pattern.name(), "gb_s": t.gbps() })
+        }),
         "results": rows,
     });
     serde_json::to_string_pretty(&doc).unwrap_or_default()
 }
 
-fn csv(cases: &[Case], peak: f64) -> String {
+fn csv(cases: &[Case], peaks: &Peaks) -> String {
     let mut s = String::from(
         "op,type,variant,shape,rows_run,batch,status,median_ms,gb_s,gflop_s,pct_peak\n",
     );
@@ -266,7 +316,7 @@ fn csv(cases: &[Case], peak: f64) -> String {
             f(c.secs().map(|t| t * 1e3)),
             f(c.gbps()),
             f(c.gflops()),
-            f(c.gbps().map(|g| g / peak * 100.0)),
+            f(peaks.pct(c)),
         ));
     }
     s
@@ -357,4 +407,36 @@ fn pick_shapes(list: &str) -> Result<Vec<kernels::Shape>> {
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::timing::Samples;
+
+    fn result(gbps: f64) -> peak::PeakResult {
+        peak::PeakResult {
+            pattern: peak::texture_patterns()[0],
+            bytes: (gbps * 1e9) as u64,
+            samples: Samples {
+                secs: vec![1.0],
+                gpu_clock: false,
+            },
+        }
+    }
+
+    #[test]
+    fn each_memory_is_measured_against_its_own_peak() {
+        let both = Peaks {
+            buffer: result(10.0),
+            texture: Some(result(20.0)),
+        };
+        assert_eq!(both.of(WeightMemory::Buffer), 10.0);
+        assert_eq!(both.of(WeightMemory::Texture), 20.0);
+        let buffers = Peaks {
+            buffer: result(10.0),
+            texture: None,
+        };
+        assert_eq!(buffers.of(WeightMemory::Texture), 10.0);
+    }
 }
