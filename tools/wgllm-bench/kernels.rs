@@ -383,8 +383,6 @@ mod tests {
         }
     }
 
-    /// The fastest overall wins, a variant wrong anywhere never does, and each type is
-    /// chosen on its own cases.
     #[test]
     fn copies_add_up_to_the_cold_size() {
         assert_eq!(copies(64 << 20, 553 << 10), 119);
@@ -395,6 +393,8 @@ mod tests {
         assert_eq!(copies(64 << 20, 0), 1);
     }
 
+    /// The fastest overall wins, a variant wrong anywhere never does, and each type is
+    /// chosen on its own cases.
     #[test]
     fn fastest_correct_variant_per_type() {
         use GgmlType::{Q4_0, Q8_0};

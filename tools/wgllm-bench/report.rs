@@ -82,9 +82,9 @@ fn parse_variant(s: &str) -> Result<Variant> {
     Variant::parse(s).ok_or_else(|| Error::invalid(format!("unknown variant {s:?}")))
 }
 
-/// The read peak's buffer, twice the last-level cache of most CPUs and far over a
-/// GPU's L2 but for the largest: the kernels' copies of each weight add up to as much,
-/// so that both read memory rather than caches.
+/// The read peak's buffer, larger than the last-level cache of most CPUs and GPUs (32
+/// MiB on the machine of docs/perf.md, 50 MB on an H200): the kernels' copies of each
+/// weight add up to as much, so that both read memory rather than caches.
 const PEAK_BYTES: u64 = 64 << 20;
 
 pub fn run_kernels(a: &KernelArgs) -> Result<()> {
