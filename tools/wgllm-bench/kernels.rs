@@ -212,6 +212,7 @@ pub fn run(
                 })
                 .collect::<Result<Vec<_>>>()?;
             for &batch in &plan.batches {
+                let mut group = Vec::new();
                 for k in plan.kernels() {
                     if !k.variant.available(ctx) {
                         continue;
@@ -219,7 +220,9 @@ pub fn run(
                     let Some(gw) = gws.iter().find(|g| g[0].memory == k.memory) else {
                         continue;
                     };
-                    let c = one(ctx, timer, plan, shape, ty, k, &w, gw, n, batch)?;
+                    group.push(prepare(ctx, timer, shape, ty, k, &w, gw, n, batch)?);
+                }
+                for c in time_interleaved(ctx, timer, plan, group)? {
                     each(&c);
                     out.push(c);
                 }
@@ -268,11 +271,39 @@ fn upload(
     GpuTensor::upload_in(ctx, &info, bytes, memory)
 }
 
+/// The runs of an interleaved timing of `n` cases, in order: (case, whether its time is
+/// kept), the warm-up rounds first, each round running every case once.
+fn schedule(n: usize, warmup: usize, reps: usize) -> impl Iterator<Item = (usize, bool)> {
+    (0..warmup + reps).flat_map(move |round| (0..n).map(move |i| (i, round >= warmup)))
+}
+
+/// A case ready to time: its dispatches, one product per copy of the weight, and the
+/// case as checked (no samples yet).
+struct Prepared {
+    ds: Vec<Vec<wgllm::ops::Dispatch>>,
+    step: StepInfo,
+    /// The copy the next repetition reads.
+    next: std::cell::Cell<usize>,
+    case: Case,
+}
+
+impl Prepared {
+    /// Records one product, on the next copy of the weight.
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+        let i = self.next.get();
+        self.next.set((i + 1) % self.ds.len());
+        for d in &self.ds[i] {
+            d.record(pass, &self.step);
+        }
+    }
+}
+
+/// Builds a case's products and checks the first copy's distinct rows against the CPU
+/// reference.
 #[allow(clippy::too_many_arguments)]
-fn one(
+fn prepare(
     ctx: &GpuContext,
     timer: &Timer,
-    plan: &Plan,
     shape: &Shape,
     ty: GgmlType,
     kernel: Kernel,
@@ -280,7 +311,7 @@ fn one(
     gws: &[GpuTensor],
     n: u64,
     batch: u32,
-) -> Result<Case> {
+) -> Result<Prepared> {
     let k = shape.k as usize;
     let x: Vec<f32> = (0..k * batch as usize)
         .map(|i| ((i * 7919 % 1000) as f32 / 500.0) - 1.0)
@@ -289,7 +320,6 @@ fn one(
     let sb = wgllm::ops::uniform_for_tests(ctx, &step);
     let xb = storage_init(ctx, "bench x", &x);
     let yb = storage(ctx, "bench y", n * batch as u64 * 4)?;
-    // One product per copy of the weight; each recording takes the next copy.
     let ds = gws
         .iter()
         .map(|gw| {
@@ -305,16 +335,28 @@ fn one(
             )
         })
         .collect::<Result<Vec<_>>>()?;
-    let next = std::cell::Cell::new(0usize);
-    let record = |pass: &mut wgpu::ComputePass<'_>| {
-        let i = next.get();
-        next.set((i + 1) % ds.len());
-        for d in &ds[i] {
-            d.record(pass, &step);
-        }
+    let p = Prepared {
+        ds,
+        step,
+        next: std::cell::Cell::new(0),
+        case: Case {
+            op: "mul_mat",
+            ty,
+            kernel,
+            shape: format!("{}x{}", shape.k, shape.n),
+            k: shape.k,
+            n,
+            n_full: shape.n,
+            batch,
+            correct: false,
+            nmse: f64::INFINITY,
+            samples: None,
+            bytes: gws[0].n_bytes() + (shape.k + n) * batch as u64 * 4,
+            flops: 2 * shape.k * n * batch as u64,
+        },
     };
     // Correctness first (the first copy): the distinct rows against the reference.
-    timer.time(ctx, 0, 1, &record)?;
+    timer.time(ctx, 0, 1, &|pass| p.record(pass))?;
     let got: Vec<f32> = wgllm::gpu::readback::read_buffer(ctx, &yb, (n * batch as u64) as usize)?;
     let rows = DISTINCT_ROWS.min(n) as usize;
     let rb = ty.row_bytes(shape.k).unwrap_or(0) as usize;
@@ -335,27 +377,47 @@ fn one(
         }
     }
     let nmse = num / den.max(1e-30);
-    let correct = nmse < 1e-8;
-    let samples = if correct {
-        Some(timer.time(ctx, plan.warmup, plan.reps, &record)?)
-    } else {
-        None
-    };
-    Ok(Case {
-        op: "mul_mat",
-        ty,
-        kernel,
-        shape: format!("{}x{}", shape.k, shape.n),
-        k: shape.k,
-        n,
-        n_full: shape.n,
-        batch,
-        correct,
-        nmse,
-        samples,
-        bytes: gws[0].n_bytes() + (shape.k + n) * batch as u64 * 4,
-        flops: 2 * shape.k * n * batch as u64,
+    Ok(Prepared {
+        case: Case {
+            correct: nmse < 1e-8,
+            nmse,
+            ..p.case
+        },
+        ..p
     })
+}
+
+/// Times the correct cases of one (shape, type, batch) in rounds: every repetition
+/// runs each case once, in turn, so a machine whose speed drifts (CPU-hosted drivers
+/// share the cores with everything else) slows them alike and their ratios hold.
+fn time_interleaved(
+    ctx: &GpuContext,
+    timer: &Timer,
+    plan: &Plan,
+    group: Vec<Prepared>,
+) -> Result<Vec<Case>> {
+    let timed: Vec<&Prepared> = group.iter().filter(|p| p.case.correct).collect();
+    let mut secs = vec![Vec::with_capacity(plan.reps); timed.len()];
+    let mut gpu_clock = false;
+    for (i, kept) in schedule(timed.len(), plan.warmup, plan.reps) {
+        let one = timer.time(ctx, 0, 1, &|pass| timed[i].record(pass))?;
+        gpu_clock = one.gpu_clock;
+        if kept {
+            secs[i].extend(one.secs);
+        }
+    }
+    let mut secs = secs.into_iter();
+    Ok(group
+        .into_iter()
+        .map(|p| {
+            let samples = if p.case.correct {
+                secs.next().map(|secs| Samples { secs, gpu_clock })
+            } else {
+                None
+            };
+            Case { samples, ..p.case }
+        })
+        .collect())
 }
 
 #[cfg(test)]
@@ -381,6 +443,15 @@ mod tests {
             bytes: 1,
             flops: 1,
         }
+    }
+
+    #[test]
+    fn cases_are_timed_in_turn() {
+        let runs: Vec<_> = schedule(3, 1, 2).collect();
+        let mut want = vec![(0, false), (1, false), (2, false)];
+        want.extend([(0, true), (1, true), (2, true)].repeat(2));
+        assert_eq!(runs, want);
+        assert_eq!(schedule(0, 1, 5).count(), 0);
     }
 
     #[test]
