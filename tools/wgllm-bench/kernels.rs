@@ -2,7 +2,9 @@
 //! real models, with the weights in each memory asked for (storage buffers, textures),
 //! checked against the CPU reference before it is timed.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use wgllm::gguf::TensorInfo;
 use wgllm::gpu::upload::{storage, storage_init, WeightMemory};
@@ -212,15 +214,22 @@ pub fn run(
                 })
                 .collect::<Result<Vec<_>>>()?;
             for &batch in &plan.batches {
+                // The cases reading one memory's copies take them in turn from one
+                // counter, so that a copy is read again only after all the others,
+                // whichever case reads it.
+                let counters: Vec<_> = gws.iter().map(|_| Rc::new(Cell::new(0))).collect();
                 let mut group = Vec::new();
                 for k in plan.kernels() {
                     if !k.variant.available(ctx) {
                         continue;
                     }
-                    let Some(gw) = gws.iter().find(|g| g[0].memory == k.memory) else {
+                    let Some(m) = gws.iter().position(|g| g[0].memory == k.memory) else {
                         continue;
                     };
-                    group.push(prepare(ctx, timer, shape, ty, k, &w, gw, n, batch)?);
+                    let next = counters[m].clone();
+                    group.push(prepare(
+                        ctx, timer, shape, ty, k, &w, &gws[m], next, n, batch,
+                    )?);
                 }
                 for c in time_interleaved(ctx, timer, plan, group)? {
                     each(&c);
@@ -282,8 +291,8 @@ fn schedule(n: usize, warmup: usize, reps: usize) -> impl Iterator<Item = (usize
 struct Prepared {
     ds: Vec<Vec<wgllm::ops::Dispatch>>,
     step: StepInfo,
-    /// The copy the next repetition reads.
-    next: std::cell::Cell<usize>,
+    /// The copy the next run of any case on these copies reads.
+    next: Rc<Cell<usize>>,
     case: Case,
 }
 
@@ -309,6 +318,7 @@ fn prepare(
     kernel: Kernel,
     w: &[u8],
     gws: &[GpuTensor],
+    next: Rc<Cell<usize>>,
     n: u64,
     batch: u32,
 ) -> Result<Prepared> {
@@ -338,7 +348,7 @@ fn prepare(
     let p = Prepared {
         ds,
         step,
-        next: std::cell::Cell::new(0),
+        next,
         case: Case {
             op: "mul_mat",
             ty,
@@ -355,7 +365,8 @@ fn prepare(
             flops: 2 * shape.k * n * batch as u64,
         },
     };
-    // Correctness first (the first copy): the distinct rows against the reference.
+    // Correctness first (on whichever copy is next: they hold the same weight): the
+    // distinct rows against the reference.
     timer.time(ctx, 0, 1, &|pass| p.record(pass))?;
     let got: Vec<f32> = wgllm::gpu::readback::read_buffer(ctx, &yb, (n * batch as u64) as usize)?;
     let rows = DISTINCT_ROWS.min(n) as usize;
