@@ -345,7 +345,7 @@ fn prepare(
             )
         })
         .collect::<Result<Vec<_>>>()?;
-    let p = Prepared {
+    let mut p = Prepared {
         ds,
         step,
         next,
@@ -367,7 +367,7 @@ fn prepare(
     };
     // Correctness first (on whichever copy is next: they hold the same weight): the
     // distinct rows against the reference.
-    timer.time(ctx, 0, 1, &|pass| p.record(pass))?;
+    timer.once(ctx, &|pass| p.record(pass))?;
     let got: Vec<f32> = wgllm::gpu::readback::read_buffer(ctx, &yb, (n * batch as u64) as usize)?;
     let rows = DISTINCT_ROWS.min(n) as usize;
     let rb = ty.row_bytes(shape.k).unwrap_or(0) as usize;
@@ -387,15 +387,9 @@ fn prepare(
             den += e * e;
         }
     }
-    let nmse = num / den.max(1e-30);
-    Ok(Prepared {
-        case: Case {
-            correct: nmse < 1e-8,
-            nmse,
-            ..p.case
-        },
-        ..p
-    })
+    p.case.nmse = num / den.max(1e-30);
+    p.case.correct = p.case.nmse < 1e-8;
+    Ok(p)
 }
 
 /// Times the correct cases of one (shape, type, batch) in rounds: every repetition
@@ -409,14 +403,13 @@ fn time_interleaved(
 ) -> Result<Vec<Case>> {
     let timed: Vec<&Prepared> = group.iter().filter(|p| p.case.correct).collect();
     let mut secs = vec![Vec::with_capacity(plan.reps); timed.len()];
-    let mut gpu_clock = false;
     for (i, kept) in schedule(timed.len(), plan.warmup, plan.reps) {
-        let one = timer.time(ctx, 0, 1, &|pass| timed[i].record(pass))?;
-        gpu_clock = one.gpu_clock;
+        let t = timer.once(ctx, &|pass| timed[i].record(pass))?;
         if kept {
-            secs[i].extend(one.secs);
+            secs[i].push(t);
         }
     }
+    let gpu_clock = timer.gpu_clock();
     let mut secs = secs.into_iter();
     Ok(group
         .into_iter()

@@ -89,11 +89,21 @@ impl Timer {
         }
         Ok(Samples {
             secs,
-            gpu_clock: self.queries.is_some(),
+            gpu_clock: self.gpu_clock(),
         })
     }
 
-    fn once(&self, ctx: &GpuContext, record: &dyn Fn(&mut wgpu::ComputePass<'_>)) -> Result<f64> {
+    /// Whether times come from GPU timestamps (else the host clock).
+    pub fn gpu_clock(&self) -> bool {
+        self.queries.is_some()
+    }
+
+    /// Run `record` in its own pass once; its time in seconds.
+    pub fn once(
+        &self,
+        ctx: &GpuContext,
+        record: &dyn Fn(&mut wgpu::ComputePass<'_>),
+    ) -> Result<f64> {
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         {
             let writes =
