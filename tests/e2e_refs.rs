@@ -206,6 +206,22 @@ fn gemma3_gpu() {
     check_model(GEMMA.0, GEMMA.1, None, "Gemma 3 GPU");
 }
 
+/// Every weight matrix held in storage buffers, on the first adapter (where it holds
+/// them in textures by default, as lavapipe does).
+fn in_buffers() -> DeviceOptions {
+    DeviceOptions {
+        device: Some("0".into()),
+        weights: Some(WeightMemory::Buffer),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn smollm2_gpu_weights_in_buffers() {
+    common::contexts();
+    check_model_on(SMOL.0, SMOL.1, None, in_buffers(), "SmolLM2 GPU, buffers");
+}
+
 /// Every weight matrix held in textures (`WeightMemory::Texture`), on the first adapter.
 fn in_textures() -> DeviceOptions {
     DeviceOptions {

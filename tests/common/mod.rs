@@ -28,6 +28,18 @@ pub fn texture_contexts() -> &'static [GpuContext] {
     })
 }
 
+/// Every adapter with its weight matrices in storage buffers, whatever its default
+/// (CPU-hosted Vulkan drivers hold them in textures by default).
+pub fn buffer_contexts() -> &'static [GpuContext] {
+    static CTX: OnceLock<Vec<GpuContext>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        contexts_with(&DeviceOptions {
+            weights: Some(WeightMemory::Buffer),
+            ..Default::default()
+        })
+    })
+}
+
 fn contexts_with(opts: &DeviceOptions) -> Vec<GpuContext> {
     {
         let adapters = enumerate();

@@ -64,6 +64,11 @@ pub fn all_patterns() -> Vec<Pattern> {
             wg,
             per_inv: 1024,
         });
+        v.push(Pattern {
+            entry: "ubo_same_vec4",
+            wg,
+            per_inv: 1024,
+        });
     }
     v
 }
@@ -165,11 +170,12 @@ pub fn measure(
     let mut out = Vec::new();
     for pat in patterns {
         let n_inv = n_vec4 / pat.per_inv;
-        let (groups, out_words) = if pat.entry == "same_addr_vec4" {
-            (n_inv, n_inv as u64 * pat.wg as u64)
-        } else {
-            (n_inv.div_ceil(pat.wg), n_inv as u64)
-        };
+        let (groups, out_words) =
+            if pat.entry.starts_with("same_addr") || pat.entry == "ubo_same_vec4" {
+                (n_inv, n_inv as u64 * pat.wg as u64)
+            } else {
+                (n_inv.div_ceil(pat.wg), n_inv as u64)
+            };
         if groups == 0 || groups > ctx.limits.max_compute_workgroups_per_dimension {
             continue;
         }

@@ -116,6 +116,22 @@ fn ubo_vec4(@builtin(global_invocation_id) g: vec3<u32>) {
     out[i] = fold(acc);
 }
 
+// The same uniform buffer read at one address per workgroup (uniform across its lanes):
+// a driver that sees the offset is the same for every lane loads it once.
+@compute @workgroup_size(WG)
+fn ubo_same_vec4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l: u32) {
+    let i = wid.x;
+    if (i >= p.n_inv) {
+        return;
+    }
+    let base = i * p.per_inv;
+    var acc = vec4<u32>();
+    for (var k = 0u; k < p.per_inv; k++) {
+        acc += ubo[(base + k) & 4095u];
+    }
+    out[i * WG + l] = fold(acc);
+}
+
 // The same per-invocation runs as `run_vec4`, read from an rgba32uint texture (TEX_W
 // texels wide, row-major) with textureLoad: CPU-hosted drivers gather texels with SIMD
 // loads, while storage loads are a loop over the lanes.
