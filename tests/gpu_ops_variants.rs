@@ -223,48 +223,20 @@ fn variants_split_weights() {
 /// the last column only, a residual store, fused outputs and weights split into parts.
 #[test]
 fn variants_with_weights_in_textures() {
-    for ctx in texture_contexts() {
-        for v in variants(ctx) {
-            // Every type through the variants CPU-hosted drivers run (`ks`, and `row`
-            // where subgroups are missing); the others read the same accessors, so a
-            // planar type, a K-quant and Q6_K check them (each is a pipeline to compile).
-            let every = matches!(v, Variant::Ks | Variant::Row);
-            let few = [GgmlType::Q4_1, GgmlType::Q4_K, GgmlType::Q6_K];
-            for ty in GPU_TYPES.into_iter().filter(|t| every || few.contains(t)) {
-                let cols = if ty.block_size() == 256 { 512 } else { 96 };
-                check(ctx, v, ty, 67, cols, 9, Columns::All);
-                check(ctx, v, ty, 33, 4 * cols, 1, Columns::All);
-                check(ctx, v, ty, 70, cols, 6, Columns::Last);
-            }
-            check_store(ctx, v, GgmlType::Q5_0, 67, 96, 13, Columns::All, Store::Add);
-            check_fused(ctx, v, GgmlType::Q4_K, &[70, 33, 33], 512, 1);
-            check_fused(ctx, v, GgmlType::Q4_K, &[65, 65], 512, 9);
-        }
-        let split = GpuContext::from_adapter(
-            ctx.adapter.clone(),
-            &DeviceOptions {
-                max_binding: Some(1024),
-                weights: Some(WeightMemory::Texture),
-                ..Default::default()
-            },
-        )
-        .expect("context");
-        for v in variants(&split) {
-            for ty in [GgmlType::Q8_0, GgmlType::Q6_K] {
-                let cols = if ty.block_size() == 256 { 256 } else { 64 };
-                check(&split, v, ty, 301, cols, 2, Columns::All);
-            }
-        }
-    }
+    variants_in_memory(texture_contexts(), WeightMemory::Texture);
 }
 
-/// Weights held in storage buffers (`gpu::upload::WeightMemory::Buffer`), which
-/// CPU-hosted Vulkan drivers do not use by default: every variant, every type, single
-/// tokens, tiles, the last column only, a residual store, fused outputs and weights
-/// split into parts.
+/// The same in storage buffers (`gpu::upload::WeightMemory::Buffer`), which CPU-hosted
+/// Vulkan drivers do not use by default.
 #[test]
 fn variants_with_weights_in_buffers() {
-    for ctx in buffer_contexts() {
+    variants_in_memory(buffer_contexts(), WeightMemory::Buffer);
+}
+
+/// Every variant of `ctxs`, whose matrices are held in `memory`, as the two tests above
+/// describe.
+fn variants_in_memory(ctxs: &[GpuContext], memory: WeightMemory) {
+    for ctx in ctxs {
         for v in variants(ctx) {
             // Every type through the variants CPU-hosted drivers run (`ks`, and `row`
             // where subgroups are missing); the others read the same accessors, so a
@@ -285,7 +257,7 @@ fn variants_with_weights_in_buffers() {
             ctx.adapter.clone(),
             &DeviceOptions {
                 max_binding: Some(1024),
-                weights: Some(WeightMemory::Buffer),
+                weights: Some(memory),
                 ..Default::default()
             },
         )

@@ -19,22 +19,21 @@ pub fn contexts() -> &'static [GpuContext] {
 
 /// One context per adapter, as [`contexts`], holding every weight matrix in textures.
 pub fn texture_contexts() -> &'static [GpuContext] {
-    static CTX: OnceLock<Vec<GpuContext>> = OnceLock::new();
-    CTX.get_or_init(|| {
-        contexts_with(&DeviceOptions {
-            weights: Some(WeightMemory::Texture),
-            ..Default::default()
-        })
-    })
+    memory_contexts(WeightMemory::Texture)
 }
 
 /// Every adapter with its weight matrices in storage buffers, whatever its default
 /// (CPU-hosted Vulkan drivers hold them in textures by default).
 pub fn buffer_contexts() -> &'static [GpuContext] {
-    static CTX: OnceLock<Vec<GpuContext>> = OnceLock::new();
-    CTX.get_or_init(|| {
+    memory_contexts(WeightMemory::Buffer)
+}
+
+/// Every adapter with every weight matrix held in `memory`, made once per memory.
+fn memory_contexts(memory: WeightMemory) -> &'static [GpuContext] {
+    static CTX: [OnceLock<Vec<GpuContext>>; 2] = [OnceLock::new(), OnceLock::new()];
+    CTX[memory as usize].get_or_init(|| {
         contexts_with(&DeviceOptions {
-            weights: Some(WeightMemory::Buffer),
+            weights: Some(memory),
             ..Default::default()
         })
     })
