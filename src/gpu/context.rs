@@ -37,9 +37,32 @@ fn fixed_size(has_subgroups: bool, min: u32, max: u32) -> Option<u32> {
     (has_subgroups && min == max && min >= 4).then_some(min)
 }
 
-/// Whether weight textures (rows of `gpu::upload::TEX_W` texels) fit the device.
+/// Read-only storage textures a kernel binds with its weights in a texture (the same
+/// texture at both weight bindings: `ops::mul_mat::weight_layout`).
+const WEIGHT_STORAGE_TEXTURES: u32 = 2;
+
+/// Why weight textures (rows of `gpu::upload::TEX_W` texels, bound as read-only storage
+/// textures) do not fit the device, if they do not.
+fn textures_unfit(limits: &wgpu::Limits) -> Option<String> {
+    if limits.max_texture_dimension_2d < super::upload::TEX_W {
+        return Some(format!(
+            "textures only {} texels wide, {} needed",
+            limits.max_texture_dimension_2d,
+            super::upload::TEX_W
+        ));
+    }
+    if limits.max_storage_textures_per_shader_stage < WEIGHT_STORAGE_TEXTURES {
+        return Some(format!(
+            "{} storage textures per shader stage, {WEIGHT_STORAGE_TEXTURES} needed",
+            limits.max_storage_textures_per_shader_stage
+        ));
+    }
+    None
+}
+
+/// Whether weight textures fit the device ([`textures_unfit`]).
 fn textures_fit(limits: &wgpu::Limits) -> bool {
-    limits.max_texture_dimension_2d >= super::upload::TEX_W
+    textures_unfit(limits).is_none()
 }
 
 /// The memory `opts` or `WGLLM_WEIGHTS` forces for every matrix, if any.
@@ -55,13 +78,13 @@ fn forced_weights(
             Error::invalid(format!("{WEIGHTS_ENV}={v:?}: expected buffer or texture"))
         })?,
     };
-    if forced == WeightMemory::Texture && !textures_fit(limits) {
-        return Err(Error::Unsupported(format!(
-            "weights in textures: {} allows textures only {} texels wide, {} needed",
-            info.name,
-            limits.max_texture_dimension_2d,
-            super::upload::TEX_W
-        )));
+    if forced == WeightMemory::Texture {
+        if let Some(why) = textures_unfit(limits) {
+            return Err(Error::Unsupported(format!(
+                "weights in textures: {} allows {why}",
+                info.name
+            )));
+        }
     }
     Ok(Some(forced))
 }

@@ -11,8 +11,8 @@ pub enum Binding {
     Uniform,
     Read,
     ReadWrite,
-    /// A 2D texture of unsigned integers, read with `textureLoad` (weights held in
-    /// textures: `gpu::upload::WeightMemory`).
+    /// A 2D rgba32uint texture bound as a read-only storage texture, read with
+    /// `textureLoad` (weights held in textures: `gpu::upload::WeightMemory`).
     Texture,
 }
 
@@ -28,10 +28,10 @@ impl Binding {
             Binding::Uniform => buffer(wgpu::BufferBindingType::Uniform),
             Binding::Read => buffer(wgpu::BufferBindingType::Storage { read_only: true }),
             Binding::ReadWrite => buffer(wgpu::BufferBindingType::Storage { read_only: false }),
-            Binding::Texture => wgpu::BindingType::Texture {
-                sample_type: wgpu::TextureSampleType::Uint,
+            Binding::Texture => wgpu::BindingType::StorageTexture {
+                access: wgpu::StorageTextureAccess::ReadOnly,
+                format: wgpu::TextureFormat::Rgba32Uint,
                 view_dimension: wgpu::TextureViewDimension::D2,
-                multisampled: false,
             },
         };
         wgpu::BindGroupLayoutEntry {

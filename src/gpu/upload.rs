@@ -16,9 +16,9 @@ use crate::{Error, Result};
 
 use super::GpuContext;
 
-/// Where weights are held: storage buffers, or textures read by texel fetches (which
-/// CPU-hosted drivers gather with SIMD loads, where each storage load is a loop over
-/// the lanes).
+/// Where weights are held: storage buffers, or textures bound as read-only storage
+/// textures (which CPU-hosted drivers gather with SIMD loads, where each storage-buffer
+/// load is a loop over the lanes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightMemory {
     Buffer,
@@ -359,7 +359,9 @@ fn upload_rows(
 }
 
 /// An rgba32uint texture [`TEX_W`] texels wide and `height` rows high, to be written by
-/// copies and read by `textureLoad`.
+/// copies and read by `textureLoad`: the kernels bind it as a read-only storage texture
+/// (no sampler state, no mip levels to address); the bench's probes also read it
+/// sampled, to compare the two (`wgllm-bench peak --all`).
 pub fn weight_texture(ctx: &GpuContext, label: &str, height: u32) -> wgpu::Texture {
     ctx.device.create_texture(&wgpu::TextureDescriptor {
         label: Some(label),
@@ -372,7 +374,9 @@ pub fn weight_texture(ctx: &GpuContext, label: &str, height: u32) -> wgpu::Textu
         sample_count: 1,
         dimension: wgpu::TextureDimension::D2,
         format: wgpu::TextureFormat::Rgba32Uint,
-        usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+        usage: wgpu::TextureUsages::STORAGE_BINDING
+            | wgpu::TextureUsages::TEXTURE_BINDING
+            | wgpu::TextureUsages::COPY_DST,
         view_formats: &[],
     })
 }

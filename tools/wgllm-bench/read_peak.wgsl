@@ -172,3 +172,43 @@ fn tex_vec4_x4(@builtin(global_invocation_id) g: vec3<u32>) {
     }
     out[i] = fold(a + b);
 }
+
+// The same runs read from the texture bound as a read-only storage texture, as the
+// kernels bind their weight textures: no sampler state, no mip levels (CPU-hosted
+// drivers address such a load with the one row stride, inline).
+@group(0) @binding(6) var img: texture_storage_2d<rgba32uint, read>;
+
+fn img_texel(i: u32) -> vec4<u32> {
+    return textureLoad(img, vec2<u32>(i & (TEX_W - 1u), i / TEX_W));
+}
+
+@compute @workgroup_size(WG)
+fn img_vec4(@builtin(global_invocation_id) g: vec3<u32>) {
+    let i = g.x;
+    if (i >= p.n_inv) {
+        return;
+    }
+    let base = i * p.per_inv;
+    var acc = vec4<u32>();
+    for (var k = 0u; k < p.per_inv; k++) {
+        acc += img_texel(base + k);
+    }
+    out[i] = fold(acc);
+}
+
+@compute @workgroup_size(WG)
+fn img_vec4_x4(@builtin(global_invocation_id) g: vec3<u32>) {
+    let i = g.x;
+    if (i >= p.n_inv) {
+        return;
+    }
+    let base = i * p.per_inv;
+    var a = vec4<u32>();
+    var b = vec4<u32>();
+    for (var k = 0u; k < p.per_inv; k += 4u) {
+        let j = base + k;
+        a += img_texel(j) + img_texel(j + 1u);
+        b += img_texel(j + 2u) + img_texel(j + 3u);
+    }
+    out[i] = fold(a + b);
+}

@@ -137,7 +137,7 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
         );
         if let Some(t) = &peaks.texture {
             println!(
-                "peak texel read: {:.2} GB/s ({}; % peak of weights in textures)",
+                "peak texture read: {:.2} GB/s ({}; % peak of weights in textures)",
                 t.gbps(),
                 t.pattern.name()
             );
@@ -186,7 +186,7 @@ fn save(ctx: &wgllm::gpu::GpuContext, best: &BTreeMap<GgmlType, (Kernel, f64)>) 
     Ok(())
 }
 
-/// The read peaks "% peak" is relative to: storage reads, and texel fetches when some
+/// The read peaks "% peak" is relative to: storage reads, and texture reads when some
 /// weights are held in textures (each case against the peak of its weights' memory).
 struct Peaks {
     buffer: peak::PeakResult,
