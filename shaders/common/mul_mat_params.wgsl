@@ -10,7 +10,7 @@ struct Params {
     x_stride: u32,   // vec4s between activation columns
     y_stride: u32,   // floats between output columns
     last_only: u32,  // 1: only the batch's last token, written as column 0 (logits)
-    _pad0: u32,
+    acc: u32,        // 1: the product is added to the output (`acc_into`)
     win_chunks: u32, // 32-element chunks per window (whole blocks)
     win_bytes: u32,  // bytes of W per window
     tok0: u32,       // first output token of this dispatch
@@ -24,14 +24,16 @@ struct Params {
     _pad1: u32,
 }
 
-// true: the product is added to y (the residual stream) instead of replacing it, which
-// saves the separate add and its dispatch.
-override ACC: bool = false;
-
+// Stores to an output add the product to it when p.acc is 1 (the residual stream),
+// which saves the separate add and its dispatch. Written as a loop of zero or one
+// trips, not a branch: a CPU-hosted driver runs both sides of a branch under lane masks
+// but skips a loop no lane enters. A parameter rather than a pipeline constant, so one
+// pipeline serves both stores: llvmpipe generates each pipeline's code at its first
+// dispatch, 10-15 s for a tiled kernel while Mesa's shader cache is cold.
 fn store_y(i: u32, v: f32) {
-    if (ACC) {
-        y[i] += v;
-    } else {
-        y[i] = v;
+    var s = v;
+    for (var k = 0u; k < p.acc; k++) {
+        s = y[i] + v;
     }
+    y[i] = s;
 }

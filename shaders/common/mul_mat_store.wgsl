@@ -10,17 +10,17 @@ fn store_out(t: u32, r: u32, v: f32) {
         store_y(t * p.y_stride + r, v);
     } else if (r < p.seg2) {
         let i = t * (p.seg2 - p.seg1) + r - p.seg1;
-        if (ACC) {
-            y1[i] += v;
-        } else {
-            y1[i] = v;
+        var s = v;
+        for (var k = 0u; k < p.acc; k++) {
+            s = y1[i] + v;
         }
+        y1[i] = s;
     } else {
         let i = t * (p.seg_end - p.seg2) + r - p.seg2;
-        if (ACC) {
-            y2[i] += v;
-        } else {
-            y2[i] = v;
+        var s = v;
+        for (var k = 0u; k < p.acc; k++) {
+            s = y2[i] + v;
         }
+        y2[i] = s;
     }
 }

@@ -22,7 +22,7 @@ use crate::ops::attention::Attention;
 use crate::ops::glu::Activation;
 use crate::ops::mul_mat::{self, Columns};
 use crate::ops::rope::Rope;
-use crate::ops::{Store, WarmJob};
+use crate::ops::WarmJob;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -40,16 +40,18 @@ const MAX_THREADS: usize = 4;
 struct Warm<'a> {
     ctx: &'a GpuContext,
     jobs: Vec<WarmJob<'a>>,
-    mats: HashSet<(GgmlType, u64, Store)>,
+    mats: HashSet<(GgmlType, u64)>,
     attention: bool,
 }
 
 impl Warm<'_> {
-    fn mat(&mut self, w: &Shape, store: Store) -> Result<()> {
-        if self.mats.insert((w.ty, w.n_cols, store)) {
+    /// One pipeline per type and row length, whether products replace their outputs or
+    /// add to them.
+    fn mat(&mut self, w: &Shape) -> Result<()> {
+        if self.mats.insert((w.ty, w.n_cols)) {
             let (ctx, ty, n_cols) = (self.ctx, w.ty, w.n_cols);
             self.jobs
-                .push(Box::new(move || mul_mat::warm(ctx, ty, n_cols, store)));
+                .push(Box::new(move || mul_mat::warm(ctx, ty, n_cols)));
         }
         Ok(())
     }
@@ -71,7 +73,7 @@ impl Ops for Warm<'_> {
     }
 
     fn mul_mat(&mut self, w: &Shape, _: &(), _: &(), _: Columns) -> Result<()> {
-        self.mat(w, Store::Write)
+        self.mat(w)
     }
 
     fn rope(&mut self, _: &(), _: &Rope) -> Result<()> {
@@ -96,11 +98,11 @@ impl Ops for Warm<'_> {
     }
 
     fn mul_mat_add(&mut self, w: &Shape, _: &(), _: &(), _: &(), _: u32) -> Result<()> {
-        self.mat(w, Store::Add)
+        self.mat(w)
     }
 
     fn mul_mat_rows(&mut self, w: &Shape, _: &(), _: &[&()], _: &[u32]) -> Result<()> {
-        self.mat(w, Store::Write)
+        self.mat(w)
     }
 }
 

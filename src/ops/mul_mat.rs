@@ -21,7 +21,8 @@ pub struct Params {
     pub x_stride: u32,
     pub y_stride: u32,
     pub last_only: u32,
-    pub _pad: u32,
+    /// 1: the product is added to the output instead of replacing it ([`Store::Add`]).
+    pub acc: u32,
 }
 
 /// Which activation columns to multiply.
@@ -187,14 +188,15 @@ pub(crate) fn pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
-    store: Store,
     memory: WeightMemory,
 ) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
     let label = format!("{}_{ty}{}", v.shader(), form.suffix());
-    let mut consts: Vec<(&str, f64)> = match v {
+    // Whether a product replaces its output or is added to it is a parameter
+    // (`Params::acc`), not a constant: one pipeline serves both.
+    let consts: Vec<(&str, f64)> = match v {
         Variant::Row => vec![("WG", WG as f64)],
         Variant::Win | Variant::WinU => {
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
@@ -211,7 +213,6 @@ pub(crate) fn pipeline(
             ]
         }
     };
-    consts.push(("ACC", (store == Store::Add) as u8 as f64));
     let layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU), memory);
     let layout = if fused { &layout[..] } else { &layout[..6] };
     ctx.pipelines
@@ -301,7 +302,7 @@ impl WinParams {
                 x_stride: (w.n_cols() / 4) as u32,
                 y_stride: out.y_stride,
                 last_only: (cols == Columns::Last) as u32,
-                _pad: 0,
+                acc: (out.store == Store::Add) as u32,
             },
             win_chunks: win.chunks,
             win_bytes: win.bytes,
@@ -449,8 +450,7 @@ struct Outputs<'a> {
     seg: Segments,
     /// Floats between the first output's columns.
     y_stride: u32,
-    /// Whether the products replace the outputs or are added to them (the pipeline's
-    /// `ACC`).
+    /// Whether the products replace the outputs or are added to them (`Params::acc`).
     store: Store,
 }
 
@@ -514,7 +514,7 @@ fn gpu_out(
     if matches!(v, Variant::WinU | Variant::KsU) {
         return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu);
     }
-    let pipe = pipeline(ctx, w.ty, v, out.store, w.memory)?;
+    let pipe = pipeline(ctx, w.ty, v, w.memory)?;
     let on = |_: &StepInfo| true;
     part_dispatches(ctx, (v, &pipe), step, w, (x, out), cols, (0, u32::MAX), on)
 }
@@ -581,12 +581,12 @@ fn resolve(
 }
 
 /// Compile (or find) the pipeline [`gpu`] will use for rows of `n_cols` elements of
-/// type `ty` with `store`, so that it can be built ahead of recording, on another thread.
+/// type `ty`, so that it can be built ahead of recording, on another thread.
 /// Matrices are held where the context keeps the type's ([`GpuContext::matrix_memory`]).
-pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, store: Store) -> Result<()> {
+pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64) -> Result<()> {
     let memory = ctx.matrix_memory(ty);
     let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols, memory)?;
-    pipeline(ctx, ty, v, store, memory).map(|_| ())
+    pipeline(ctx, ty, v, memory).map(|_| ())
 }
 
 /// Bindings 2.. of a kernel that reads weights through common/w_storage.wgsl or
@@ -666,7 +666,7 @@ fn gpu_uniform_x(
     cols: Columns,
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
-    let pipe = pipeline(ctx, w.ty, v, out.store, w.memory)?;
+    let pipe = pipeline(ctx, w.ty, v, w.memory)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {
