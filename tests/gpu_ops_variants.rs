@@ -159,8 +159,17 @@ fn variants_small_block_types() {
             for ty in GPU_TYPES.into_iter().filter(|t| t.block_size() <= 32) {
                 // 576 columns: 18 Q4_0 blocks, several windows with a short last one;
                 // odd row counts give rows that start at every alignment. 7 tokens are
-                // one short tile in `ks`, 9 a whole one and a single token.
-                for (rows, cols, toks) in [(1, 32, 1), (67, 96, 1), (33, 576, 7), (257, 160, 9)] {
+                // one short tile in `ks`, 9 a whole one and a single token. Single tokens
+                // of up to 24 chunks run `mul_mat_ks1` in `ks` on 8-lane subgroups (768
+                // columns fill every lane's three chunks, 800 run `ks` itself).
+                for (rows, cols, toks) in [
+                    (1, 32, 1),
+                    (67, 96, 1),
+                    (33, 576, 7),
+                    (257, 160, 9),
+                    (67, 768, 1),
+                    (65, 800, 1),
+                ] {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }
                 check(ctx, v, ty, 70, 64, 6, Columns::Last);
@@ -169,6 +178,7 @@ fn variants_small_block_types() {
                 // (each is a pipeline of its own to compile).
                 if ty == GgmlType::Q5_0 {
                     check_store(ctx, v, ty, 67, 96, 13, Columns::All, Store::Add);
+                    check_store(ctx, v, ty, 67, 96, 1, Columns::All, Store::Add);
                     // Q, K, V as one product: segments that start inside a workgroup's
                     // rows, a single token and a tile with a short one.
                     check_fused(ctx, v, ty, &[70, 33, 33], 96, 1);
@@ -213,6 +223,7 @@ fn variants_split_weights() {
             for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q6_K] {
                 let cols = if ty.block_size() == 256 { 256 } else { 64 };
                 check(&small, v, ty, 301, cols, 2, Columns::All);
+                check(&small, v, ty, 301, cols, 1, Columns::All);
             }
         }
     }

@@ -87,7 +87,11 @@ const MUL_MAT_PARAMS: &str = wgsl!("common/mul_mat_params.wgsl");
 const MUL_MAT_STORE: &str = wgsl!("common/mul_mat_store.wgsl");
 const MUL_MAT_STORE1: &str = wgsl!("common/mul_mat_store1.wgsl");
 const MUL_MAT_WIN: &str = wgsl!("ops/mul_mat_win.wgsl");
+const MUL_MAT_XS: &str = wgsl!("ops/mul_mat_xs.wgsl");
+const MUL_MAT_XU: &str = wgsl!("ops/mul_mat_xu.wgsl");
 const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
+const MUL_MAT_KS1: &str = wgsl!("ops/mul_mat_ks1.wgsl");
+const X_CHUNK: &str = wgsl!("common/x_chunk.wgsl");
 
 /// Kernels specialised by weight type: (name, body parts, joined in order).
 /// `mul_mat_*` are the variants of `mul_mat` (see `ops::mul_mat::Variant`).
@@ -103,21 +107,11 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
     ),
     (
         "mul_mat_win",
-        &[
-            MUL_MAT_PARAMS,
-            MUL_MAT_STORE,
-            MUL_MAT_WIN,
-            wgsl!("ops/mul_mat_xs.wgsl"),
-        ],
+        &[MUL_MAT_PARAMS, MUL_MAT_STORE, MUL_MAT_WIN, MUL_MAT_XS],
     ),
     (
         "mul_mat_winu",
-        &[
-            MUL_MAT_PARAMS,
-            MUL_MAT_STORE,
-            MUL_MAT_WIN,
-            wgsl!("ops/mul_mat_xu.wgsl"),
-        ],
+        &[MUL_MAT_PARAMS, MUL_MAT_STORE, MUL_MAT_WIN, MUL_MAT_XU],
     ),
     (
         "mul_mat_wg",
@@ -145,8 +139,9 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             W_STORAGE,
             MUL_MAT_PARAMS,
             MUL_MAT_STORE,
+            X_CHUNK,
             MUL_MAT_KS,
-            wgsl!("ops/mul_mat_xs.wgsl"),
+            MUL_MAT_XS,
         ],
     ),
     (
@@ -155,8 +150,31 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             W_STORAGE,
             MUL_MAT_PARAMS,
             MUL_MAT_STORE,
+            X_CHUNK,
             MUL_MAT_KS,
-            wgsl!("ops/mul_mat_xu.wgsl"),
+            MUL_MAT_XU,
+        ],
+    ),
+    (
+        "mul_mat_ks1",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            X_CHUNK,
+            MUL_MAT_KS1,
+            MUL_MAT_XS,
+        ],
+    ),
+    (
+        "mul_mat_ks1u",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            X_CHUNK,
+            MUL_MAT_KS1,
+            MUL_MAT_XU,
         ],
     ),
     ("get_rows", &[W_STORAGE, wgsl!("ops/get_rows.wgsl")]),

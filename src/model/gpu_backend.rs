@@ -733,9 +733,12 @@ impl GpuModel {
             .collect())
     }
 
-    /// Number of kernel dispatches in a generation step.
+    /// Number of kernel dispatches a generation step runs (of one token, at the start
+    /// of the context): the recorded ones whose grid is not empty then.
     pub fn dispatches_per_step(&self) -> usize {
-        self.body.len() + self.last.0.len()
+        let s = StepInfo::new(0, 1);
+        let runs = |d: &&Dispatch| d.grid(&s).iter().all(|&n| n > 0);
+        self.body.iter().chain(&self.last.0).filter(runs).count()
     }
 }
 

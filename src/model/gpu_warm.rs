@@ -40,18 +40,18 @@ const MAX_THREADS: usize = 4;
 struct Warm<'a> {
     ctx: &'a GpuContext,
     jobs: Vec<WarmJob<'a>>,
-    mats: HashSet<(GgmlType, u64)>,
+    mats: HashSet<(GgmlType, u64, Columns)>,
     attention: bool,
 }
 
 impl Warm<'_> {
-    /// One pipeline per type and row length, whether products replace their outputs or
-    /// add to them.
-    fn mat(&mut self, w: &Shape) -> Result<()> {
-        if self.mats.insert((w.ty, w.n_cols)) {
+    /// The pipelines of a type, row length and columns, whether products replace their
+    /// outputs or add to them.
+    fn mat(&mut self, w: &Shape, cols: Columns) -> Result<()> {
+        if self.mats.insert((w.ty, w.n_cols, cols)) {
             let (ctx, ty, n_cols) = (self.ctx, w.ty, w.n_cols);
             self.jobs
-                .push(Box::new(move || mul_mat::warm(ctx, ty, n_cols)));
+                .push(Box::new(move || mul_mat::warm(ctx, ty, n_cols, cols)));
         }
         Ok(())
     }
@@ -72,8 +72,8 @@ impl Ops for Warm<'_> {
         Ok(())
     }
 
-    fn mul_mat(&mut self, w: &Shape, _: &(), _: &(), _: Columns) -> Result<()> {
-        self.mat(w)
+    fn mul_mat(&mut self, w: &Shape, _: &(), _: &(), cols: Columns) -> Result<()> {
+        self.mat(w, cols)
     }
 
     fn rope(&mut self, _: &(), _: &Rope) -> Result<()> {
@@ -98,11 +98,11 @@ impl Ops for Warm<'_> {
     }
 
     fn mul_mat_add(&mut self, w: &Shape, _: &(), _: &(), _: &(), _: u32) -> Result<()> {
-        self.mat(w)
+        self.mat(w, Columns::All)
     }
 
     fn mul_mat_rows(&mut self, w: &Shape, _: &(), _: &[&()], _: &[u32]) -> Result<()> {
-        self.mat(w)
+        self.mat(w, Columns::All)
     }
 }
 

@@ -1,6 +1,8 @@
 //! Quantized matrix times activations, dequantizing inside the kernel
 //! (`shaders/ops/mul_mat.wgsl` with the weight type's decoder).
 
+use std::sync::Arc;
+
 use super::{dispatch, dispatch_bound, groups, Dispatch, StepInfo, WG};
 use crate::gpu::pipelines::Binding;
 use crate::gpu::shaders::Form;
@@ -26,7 +28,7 @@ pub struct Params {
 }
 
 /// Which activation columns to multiply.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Columns {
     /// Every token of the batch: y is [n_rows, n_tokens].
     All,
@@ -174,6 +176,27 @@ const ROW_WG: u32 = 64;
 /// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
 const KS_ROWS: u32 = 64;
 
+/// Chunks of 32 elements each lane of `mul_mat_ks1` holds (`SLOTS` in mul_mat_ks1.wgsl).
+const KS1_SLOTS: u64 = 3;
+
+/// Whether `Ks` walks a single token's chunks in pairs (`PAIRED` in mul_mat_ks.wgsl):
+/// the K-quants, whose neighbouring chunks share words (Q6_K: 1.2-1.4x on lavapipe at
+/// batch 1).
+fn ks_paired(ty: GgmlType) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
+}
+
+/// Whether single tokens of a `Ks` or `KsU` product on rows of `n_cols` elements of
+/// `ty` run `mul_mat_ks1`: rows whose activations the subgroup holds in registers, of
+/// types walked one chunk at a time. Measured on lavapipe, batch 1, in one run
+/// (docs/perf.md): 1.4-2x on long stacks of such rows; on rows of two lane-fulls or
+/// more, and on Q6_K pairs, the kernel with its private array of row sums was faster.
+fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
+    matches!(v, Variant::Ks | Variant::KsU)
+        && !ks_paired(ty)
+        && n_cols / 32 <= KS1_SLOTS * ctx.subgroup_min_size as u64
+}
+
 /// Whether a single token's lanes in `Ks` walk contiguous runs of a row (`RUNS` in
 /// mul_mat_ks.wgsl): types whose chunks hold 16 or 20 bytes of quants gain (Q4_0 2x at
 /// 8B shapes on lavapipe); Q8_0 and F16, whose chunks span 32 and 64 bytes, lose.
@@ -189,26 +212,50 @@ pub(crate) fn pipeline(
     ty: GgmlType,
     v: Variant,
     memory: WeightMemory,
-) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    kernel_pipeline(ctx, ty, v, memory, false)
+}
+
+/// The pipeline of variant `v`, or with `single` its single-token kernel
+/// (`mul_mat_ks1`, for `Ks` and `KsU` only).
+fn kernel_pipeline(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    v: Variant,
+    memory: WeightMemory,
+    single: bool,
+) -> Result<Arc<wgpu::ComputePipeline>> {
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
-    let label = format!("{}_{ty}{}", v.shader(), form.suffix());
+    let shader = match (single, v) {
+        (false, v) => v.shader(),
+        (true, Variant::Ks) => "mul_mat_ks1",
+        (true, Variant::KsU) => "mul_mat_ks1u",
+        (true, v) => {
+            return Err(Error::gpu(format!(
+                "mul_mat variant {} has no single-token kernel",
+                v.name()
+            )))
+        }
+    };
+    let label = format!("{shader}_{ty}{}", form.suffix());
     // Whether a product replaces its output or is added to it is a parameter
     // (`Params::acc`), not a constant: one pipeline serves both.
     let consts: Vec<(&str, f64)> = match v {
+        Variant::Ks | Variant::KsU if single => vec![
+            ("WG", ctx.subgroup_min_size as f64),
+            ("RUNS", ks_runs(ty) as u8 as f64),
+        ],
         Variant::Row => vec![("WG", WG as f64)],
         Variant::Win | Variant::WinU => {
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
         }
         Variant::Wg | Variant::Sg => vec![("WG", ROW_WG as f64)],
         Variant::Ks | Variant::KsU => {
-            // Chunk pairs where neighbouring chunks share words (see mul_mat_ks.wgsl;
-            // Q6_K: 1.2-1.4x on lavapipe at batch 1).
-            let paired = matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K);
             vec![
                 ("WG", ctx.subgroup_min_size as f64),
-                ("PAIRED", paired as u8 as f64),
+                ("PAIRED", ks_paired(ty) as u8 as f64),
                 ("RUNS", ks_runs(ty) as u8 as f64),
             ]
         }
@@ -217,8 +264,48 @@ pub(crate) fn pipeline(
     let layout = if fused { &layout[..] } else { &layout[..6] };
     ctx.pipelines
         .get_laid_out(&ctx.device, &label, &consts, Some(layout), || {
-            crate::gpu::shaders::quant_source_as(v.shader(), ty, form)
+            crate::gpu::shaders::quant_source_as(shader, ty, form)
         })
+}
+
+/// Which steps one of a product's kernels runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Steps {
+    Every,
+    /// Those with one output token (a single token, or the last one alone).
+    One,
+    /// Those with several.
+    Several,
+}
+
+impl Steps {
+    fn admits(self, s: &StepInfo, cols: Columns) -> bool {
+        let one = cols == Columns::Last || s.n_tokens == 1;
+        match self {
+            Steps::Every => true,
+            Steps::One => one,
+            Steps::Several => !one,
+        }
+    }
+}
+
+/// The kernels of a product of `cols` and the steps each runs in: the variant's, or
+/// where [`ks1_fits`], `mul_mat_ks1` for single tokens and the tiled kernel for
+/// batches, which a product of the last token alone never compiles.
+fn kernels(
+    ctx: &GpuContext,
+    (ty, n_cols, memory): (GgmlType, u64, WeightMemory),
+    v: Variant,
+    cols: Columns,
+) -> Result<Vec<(Arc<wgpu::ComputePipeline>, Steps)>> {
+    if !ks1_fits(ctx, v, ty, n_cols) {
+        return Ok(vec![(pipeline(ctx, ty, v, memory)?, Steps::Every)]);
+    }
+    let mut k = vec![(kernel_pipeline(ctx, ty, v, memory, true)?, Steps::One)];
+    if cols == Columns::All {
+        k.push((pipeline(ctx, ty, v, memory)?, Steps::Several));
+    }
+    Ok(k)
 }
 
 /// How `mul_mat_win` walks a row of type `ty`: windows of whole blocks, at most
@@ -514,9 +601,22 @@ fn gpu_out(
     if matches!(v, Variant::WinU | Variant::KsU) {
         return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu);
     }
-    let pipe = pipeline(ctx, w.ty, v, w.memory)?;
-    let on = |_: &StepInfo| true;
-    part_dispatches(ctx, (v, &pipe), step, w, (x, out), cols, (0, u32::MAX), on)
+    let mut plan = Vec::new();
+    for (pipe, steps) in kernels(ctx, (w.ty, w.n_cols(), w.memory), v, cols)? {
+        let on = move |s: &StepInfo| steps.admits(s, cols);
+        let all = (0, u32::MAX);
+        plan.extend(part_dispatches(
+            ctx,
+            (v, &pipe),
+            step,
+            w,
+            (x, out),
+            cols,
+            all,
+            on,
+        )?);
+    }
+    Ok(plan)
 }
 
 /// One dispatch per part of W with `pipe` (variant `v`), reading activations from `x`
@@ -525,7 +625,7 @@ fn gpu_out(
 #[allow(clippy::too_many_arguments)]
 fn part_dispatches(
     ctx: &GpuContext,
-    (v, pipe): (Variant, &std::sync::Arc<wgpu::ComputePipeline>),
+    (v, pipe): (Variant, &Arc<wgpu::ComputePipeline>),
     step: &wgpu::Buffer,
     w: &GpuTensor,
     (x, out): (&wgpu::Buffer, &Outputs<'_>),
@@ -580,13 +680,14 @@ fn resolve(
     })
 }
 
-/// Compile (or find) the pipeline [`gpu`] will use for rows of `n_cols` elements of
-/// type `ty`, so that it can be built ahead of recording, on another thread.
-/// Matrices are held where the context keeps the type's ([`GpuContext::matrix_memory`]).
-pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64) -> Result<()> {
+/// Compile (or find) the pipelines [`gpu`] will use for products of `cols` on rows of
+/// `n_cols` elements of type `ty`, so that they can be built ahead of recording, on
+/// another thread. Matrices are held where the context keeps the type's
+/// ([`GpuContext::matrix_memory`]).
+pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, cols: Columns) -> Result<()> {
     let memory = ctx.matrix_memory(ty);
     let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols, memory)?;
-    pipeline(ctx, ty, v, memory).map(|_| ())
+    kernels(ctx, (ty, n_cols, memory), v, cols).map(|_| ())
 }
 
 /// Bindings 2.. of a kernel that reads weights through common/w_storage.wgsl or
@@ -666,7 +767,7 @@ fn gpu_uniform_x(
     cols: Columns,
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
-    let pipe = pipeline(ctx, w.ty, v, w.memory)?;
+    let kernels = kernels(ctx, (w.ty, w.n_cols(), w.memory), v, cols)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {
@@ -713,16 +814,25 @@ fn gpu_uniform_x(
             move |s| [if live(s) { groups(n_copy, WG) } else { 0 }, 1, 1],
         )?);
         let toks = (tok0, tok_n);
-        plan.extend(part_dispatches(
-            ctx,
-            (v, &pipe),
-            step,
-            w,
-            (&xu, out),
-            cols,
-            toks,
-            live,
-        )?);
+        for (pipe, steps) in &kernels {
+            // Single tokens are all in the first load.
+            if tok0 > 0 && *steps == Steps::One {
+                continue;
+            }
+            let steps = *steps;
+            let on = move |s: &StepInfo| live(s) && steps.admits(s, cols);
+            let (v, xu) = (v, &xu);
+            plan.extend(part_dispatches(
+                ctx,
+                (v, pipe),
+                step,
+                w,
+                (xu, out),
+                cols,
+                toks,
+                on,
+            )?);
+        }
     }
     Ok(plan)
 }

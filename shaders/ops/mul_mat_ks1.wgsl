@@ -1,0 +1,81 @@
+// mul_mat for one token at a time, on rows short enough that one subgroup holds all of
+// a row's activations in registers: each of the WG lanes holds SLOTS chunks of 32
+// (`ops::mul_mat::ks1_fits` picks it for rows of at most SLOTS * WG chunks, and not for
+// the K-quants, whose chunks go in pairs). A workgroup is one subgroup owning ROWS
+// consecutive rows; per row, each lane dots its chunks, `subgroupAdd` gives the row's
+// sum, and lane j keeps row i0 + j's so that the lanes store WG rows at once.
+//
+// Against `mul_mat_ks`, whose single-token path walks the chunks outside and the rows
+// inside, adding each row's partial sum into a private array: with no private array
+// and no tile loop in the kernel, llvmpipe's code for it runs 1.4-2x faster on long
+// stacks of short rows (Q8_0 and Q4_1 640x262144 and 576x49152, docs/perf.md).
+//
+// Params: common/mul_mat_params.wgsl; bindings as `mul_mat_ks`.
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+// Lanes per workgroup: the device's subgroup size.
+override WG: u32 = 8u;
+// Rows per workgroup, as `mul_mat_ks`.
+const ROWS: u32 = 64u;
+// Chunks per lane (`ops::mul_mat::KS1_SLOTS`).
+const SLOTS: u32 = 3u;
+// Lane l holds chunks l * SLOTS .. (a contiguous run) rather than l, l + WG, ..; as
+// `RUNS` in `mul_mat_ks`.
+override RUNS: bool = true;
+
+// One of a lane's chunks: its index, 1 or 0 for a lane past the row's end (which
+// dots the last chunk again and drops it), its activations and their sum.
+struct Slot {
+    c: u32,
+    on: f32,
+    x: array<vec4<f32>, 8>,
+    xs: f32,
+}
+
+fn slot(first: u32, t: u32, k: u32, l: u32, n_chunks: u32) -> Slot {
+    let want = select(l + k * WG, l * SLOTS + k, RUNS);
+    let c = min(want, n_chunks - 1u);
+    let x = x_chunk(first, t, c);
+    return Slot(c, select(0.0, 1.0, want < n_chunks), x, x_sum(x));
+}
+
+fn slot_dot(row_byte: u32, s: Slot) -> f32 {
+    return s.on * wdot32(row_byte, s.c, s.x, s.xs);
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) l: u32,
+) {
+    // Uniform per workgroup, so every lane reaches the subgroupAdds below.
+    let r0 = (wid.y * nwg.x + wid.x) * ROWS;
+    if (r0 >= p.n_rows) {
+        return;
+    }
+    let nr = min(ROWS, p.n_rows - r0);
+    let n_chunks = p.n_cols / 32u;
+    let first = select(0u, step.n_tokens - 1u, p.last_only != 0u);
+    let n_out = min(step.n_tokens - first, p.tok0 + min(p.tok_n, step.n_tokens));
+    let out0 = p.row0 + r0;
+    for (var t = p.tok0; t < n_out; t++) {
+        let s0 = slot(first, t, 0u, l, n_chunks);
+        let s1 = slot(first, t, 1u, l, n_chunks);
+        let s2 = slot(first, t, 2u, l, n_chunks);
+        for (var i0 = 0u; i0 < nr; i0 += WG) {
+            var mine = 0.0;
+            for (var j = 0u; j < min(WG, nr - i0); j++) {
+                let rb = (r0 + i0 + j) * p.row_bytes;
+                let v = slot_dot(rb, s0) + slot_dot(rb, s1) + slot_dot(rb, s2);
+                mine = select(mine, subgroupAdd(v), l == j);
+            }
+            if (i0 + l < nr) {
+                store_out(t, out0 + i0 + l, mine);
+            }
+        }
+    }
+}
