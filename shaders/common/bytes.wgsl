@@ -81,6 +81,23 @@ fn hi4(v: u32) -> vec4<f32> {
     return u8x4((v >> 4u) & 0x0f0f0f0fu);
 }
 
+// Bits j .. j + 3 of `qh` as bit 4 of four bytes (the fifth bits of Q5_0 / Q5_1
+// quants). The product puts copies of the four bits 7 apart, so that bit i lands on
+// bit 8 i, and no two copies overlap: one multiply instead of four shifts and a convert
+// per element.
+fn bit4x4(qh: u32, j: u32) -> u32 {
+    return ((((qh >> j) & 0xfu) * 0x00204081u) & 0x01010101u) << 4u;
+}
+
+// Five-bit quants: the low or high nibbles of the four bytes of `v`, with the fifth
+// bits j .. j + 3 of `qh`.
+fn q5_lo(v: u32, qh: u32, j: u32) -> vec4<f32> {
+    return u8x4((v & 0x0f0f0f0fu) | bit4x4(qh, j));
+}
+fn q5_hi(v: u32, qh: u32, j: u32) -> vec4<f32> {
+    return u8x4(((v >> 4u) & 0x0f0f0f0fu) | bit4x4(qh, j));
+}
+
 // The 8 words of the two aligned vec4s from vec4 index `i` (16-byte aligned fields).
 fn wq8(i: u32) -> array<u32, 8> {
     let a = wq(i);

@@ -3,12 +3,6 @@
 // Planar rows (src/gpu/layout.rs): every block's 16 bytes of nibbles (one aligned
 // vec4), then every block's qh word, then every block's d.
 
-// Fifth bits for elements j..j+3 (from bit j of qh) as 0 or 16 in each byte.
-fn q5_high(qh: u32, j: u32) -> vec4<f32> {
-    let bits = (qh >> j) & 0xfu;
-    return vec4<f32>(vec4<u32>(bits & 1u, (bits >> 1u) & 1u, (bits >> 2u) & 1u, bits >> 3u) * 16u);
-}
-
 fn q5_0_qh(row_byte: u32, c: u32) -> u32 {
     return wu((plane(row_byte, 32u, 16u) >> 2u) + c);
 }
@@ -23,8 +17,8 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let q = wq((row_byte >> 4u) + c);
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        o[k] = (lo4(q[k]) + q5_high(qh, 4u * k) - 16.0) * d;
-        o[k + 4u] = (hi4(q[k]) + q5_high(qh, 16u + 4u * k) - 16.0) * d;
+        o[k] = (q5_lo(q[k], qh, 4u * k) - 16.0) * d;
+        o[k + 4u] = (q5_hi(q[k], qh, 16u + 4u * k) - 16.0) * d;
     }
     return o;
 }
@@ -35,8 +29,8 @@ fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let q = wq((row_byte >> 4u) + c);
     var s = 0.0;
     for (var k = 0u; k < 4u; k++) {
-        s += dot(lo4(q[k]) + q5_high(qh, 4u * k), xc[k]);
-        s += dot(hi4(q[k]) + q5_high(qh, 16u + 4u * k), xc[k + 4u]);
+        s += dot(q5_lo(q[k], qh, 4u * k), xc[k]);
+        s += dot(q5_hi(q[k], qh, 16u + 4u * k), xc[k + 4u]);
     }
     return (s - 16.0 * xs) * q5_0_d(row_byte, c);
 }

@@ -3,19 +3,14 @@
 // Planar rows (src/gpu/layout.rs): every block's 16 bytes of nibbles (one aligned
 // vec4), then every block's qh word, then every block's (d, m) word.
 
-fn q5_high(qh: u32, j: u32) -> vec4<f32> {
-    let bits = (qh >> j) & 0xfu;
-    return vec4<f32>(vec4<u32>(bits & 1u, (bits >> 1u) & 1u, (bits >> 2u) & 1u, bits >> 3u) * 16u);
-}
-
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let dm = unpack2x16float(wu((plane(row_byte, 32u, 20u) >> 2u) + c));
     let qh = wu((plane(row_byte, 32u, 16u) >> 2u) + c);
     let q = wq((row_byte >> 4u) + c);
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {
-        o[k] = (lo4(q[k]) + q5_high(qh, 4u * k)) * dm.x + dm.y;
-        o[k + 4u] = (hi4(q[k]) + q5_high(qh, 16u + 4u * k)) * dm.x + dm.y;
+        o[k] = q5_lo(q[k], qh, 4u * k) * dm.x + dm.y;
+        o[k + 4u] = q5_hi(q[k], qh, 16u + 4u * k) * dm.x + dm.y;
     }
     return o;
 }
