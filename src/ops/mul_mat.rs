@@ -604,7 +604,7 @@ fn gpu_out(
     let mut plan = Vec::new();
     for (pipe, steps) in kernels(ctx, (w.ty, w.n_cols(), w.memory), v, cols)? {
         let on = move |s: &StepInfo| steps.admits(s, cols);
-        let all = (0, u32::MAX);
+        let every_token = (0, u32::MAX);
         plan.extend(part_dispatches(
             ctx,
             (v, &pipe),
@@ -612,7 +612,7 @@ fn gpu_out(
             w,
             (x, out),
             cols,
-            all,
+            every_token,
             on,
         )?);
     }
