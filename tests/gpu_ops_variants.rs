@@ -160,8 +160,9 @@ fn variants_small_block_types() {
                 // 576 columns: 18 Q4_0 blocks, several windows with a short last one;
                 // odd row counts give rows that start at every alignment. 7 tokens are
                 // one short tile in `ks`, 9 a whole one and a single token. Single tokens
-                // of up to 24 chunks run `mul_mat_ks1` in `ks` on 8-lane subgroups (768
-                // columns fill every lane's three chunks, 800 run `ks` itself).
+                // of up to 48 chunks run `mul_mat_ks1` in `ks` on 8-lane subgroups, three
+                // chunks per lane up to 24 and six beyond (768 and 1536 columns fill
+                // every lane's; 1568 run `ks` itself).
                 for (rows, cols, toks) in [
                     (1, 32, 1),
                     (67, 96, 1),
@@ -169,6 +170,8 @@ fn variants_small_block_types() {
                     (257, 160, 9),
                     (67, 768, 1),
                     (65, 800, 1),
+                    (33, 1536, 1),
+                    (33, 1568, 1),
                 ] {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }

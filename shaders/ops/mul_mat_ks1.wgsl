@@ -1,7 +1,7 @@
 // mul_mat for one token at a time, on rows short enough that one subgroup holds all of
 // a row's activations in registers: each of the WG lanes holds SLOTS chunks of 32
-// (`ops::mul_mat::ks1_fits` picks it for rows of at most SLOTS * WG chunks, and not for
-// the K-quants, whose chunks go in pairs). A workgroup is one subgroup owning ROWS
+// (`ops::mul_mat::ks1_fits` picks it for rows of at most 6 * WG chunks, and not for the
+// K-quants, whose chunks go in pairs). A workgroup is one subgroup owning ROWS
 // consecutive rows; per row, each lane dots its chunks, `subgroupAdd` gives the row's
 // sum, and lane j keeps row i0 + j's so that the lanes store WG rows at once.
 //
@@ -20,8 +20,9 @@
 override WG: u32 = 8u;
 // Rows per workgroup, as `mul_mat_ks`.
 const ROWS: u32 = 64u;
-// Chunks per lane (`ops::mul_mat::KS1_SLOTS`).
-const SLOTS: u32 = 3u;
+// Chunks per lane, 3 or 6 (`ops::mul_mat::ks1_slots`). The last three slots' loads and
+// dot products fold away when it is 3.
+override SLOTS: u32 = 3u;
 // Lane l holds chunks l * SLOTS .. (a contiguous run) rather than l, l + WG, ..; as
 // `RUNS` in `mul_mat_ks`.
 override RUNS: bool = true;
@@ -66,11 +67,17 @@ fn main(
         let s0 = slot(first, t, 0u, l, n_chunks);
         let s1 = slot(first, t, 1u, l, n_chunks);
         let s2 = slot(first, t, 2u, l, n_chunks);
+        let s3 = slot(first, t, 3u, l, n_chunks);
+        let s4 = slot(first, t, 4u, l, n_chunks);
+        let s5 = slot(first, t, 5u, l, n_chunks);
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = 0.0;
             for (var j = 0u; j < min(WG, nr - i0); j++) {
                 let rb = (r0 + i0 + j) * p.row_bytes;
-                let v = slot_dot(rb, s0) + slot_dot(rb, s1) + slot_dot(rb, s2);
+                var v = slot_dot(rb, s0) + slot_dot(rb, s1) + slot_dot(rb, s2);
+                if (SLOTS > 3u) {
+                    v += slot_dot(rb, s3) + slot_dot(rb, s4) + slot_dot(rb, s5);
+                }
                 mine = select(mine, subgroupAdd(v), l == j);
             }
             if (i0 + l < nr) {

@@ -176,8 +176,16 @@ const ROW_WG: u32 = 64;
 /// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
 const KS_ROWS: u32 = 64;
 
-/// Chunks of 32 elements each lane of `mul_mat_ks1` holds (`SLOTS` in mul_mat_ks1.wgsl).
-const KS1_SLOTS: u64 = 3;
+/// Chunks of 32 elements each lane of `mul_mat_ks1` holds for rows of `n_chunks` chunks
+/// (`SLOTS` in mul_mat_ks1.wgsl), 3 or 6 (two pipelines per type at most); 0 where the
+/// row is longer than 6 chunks per lane.
+fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
+    match n_chunks.div_ceil(ctx.subgroup_min_size.max(1) as u64) {
+        0..=3 => 3,
+        4..=6 => 6,
+        _ => 0,
+    }
+}
 
 /// Whether `Ks` walks a single token's chunks in pairs (`PAIRED` in mul_mat_ks.wgsl):
 /// the K-quants, whose neighbouring chunks share words (Q6_K: 1.2-1.4x on lavapipe at
@@ -188,13 +196,11 @@ fn ks_paired(ty: GgmlType) -> bool {
 
 /// Whether single tokens of a `Ks` or `KsU` product on rows of `n_cols` elements of
 /// `ty` run `mul_mat_ks1`: rows whose activations the subgroup holds in registers, of
-/// types walked one chunk at a time. Measured on lavapipe, batch 1, in one run
-/// (docs/perf.md): 1.4-2x on long stacks of such rows; on rows of two lane-fulls or
-/// more, and on Q6_K pairs, the kernel with its private array of row sums was faster.
+/// types walked one chunk at a time. Measured on lavapipe, batch 1 (docs/perf.md):
+/// 1.4-2x on long stacks of three-chunk rows, 1.3-1.6x on 1536 columns with six; on
+/// Q6_K and Q4_K pairs the kernel with its private array of row sums was faster.
 fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
-    matches!(v, Variant::Ks | Variant::KsU)
-        && !ks_paired(ty)
-        && n_cols / 32 <= KS1_SLOTS * ctx.subgroup_min_size as u64
+    matches!(v, Variant::Ks | Variant::KsU) && !ks_paired(ty) && ks1_slots(ctx, n_cols / 32) > 0
 }
 
 /// Whether a single token's lanes in `Ks` walk contiguous runs of a row (`RUNS` in
@@ -213,26 +219,26 @@ pub(crate) fn pipeline(
     v: Variant,
     memory: WeightMemory,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
-    kernel_pipeline(ctx, ty, v, memory, false)
+    kernel_pipeline(ctx, ty, v, memory, None)
 }
 
-/// The pipeline of variant `v`, or with `single` its single-token kernel
-/// (`mul_mat_ks1`, for `Ks` and `KsU` only).
+/// The pipeline of variant `v`, or with `Some(slots)` its single-token kernel holding
+/// `slots` chunks per lane (`mul_mat_ks1`, for `Ks` and `KsU` only).
 fn kernel_pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
     memory: WeightMemory,
-    single: bool,
+    single: Option<u32>,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
     let shader = match (single, v) {
-        (false, v) => v.shader(),
-        (true, Variant::Ks) => "mul_mat_ks1",
-        (true, Variant::KsU) => "mul_mat_ks1u",
-        (true, v) => {
+        (None, v) => v.shader(),
+        (Some(_), Variant::Ks) => "mul_mat_ks1",
+        (Some(_), Variant::KsU) => "mul_mat_ks1u",
+        (Some(_), v) => {
             return Err(Error::gpu(format!(
                 "mul_mat variant {} has no single-token kernel",
                 v.name()
@@ -242,17 +248,18 @@ fn kernel_pipeline(
     let label = format!("{shader}_{ty}{}", form.suffix());
     // Whether a product replaces its output or is added to it is a parameter
     // (`Params::acc`), not a constant: one pipeline serves both.
-    let consts: Vec<(&str, f64)> = match v {
-        Variant::Ks | Variant::KsU if single => vec![
+    let consts: Vec<(&str, f64)> = match (v, single) {
+        (Variant::Ks | Variant::KsU, Some(slots)) => vec![
             ("WG", ctx.subgroup_min_size as f64),
             ("RUNS", ks_runs(ty) as u8 as f64),
+            ("SLOTS", slots as f64),
         ],
-        Variant::Row => vec![("WG", WG as f64)],
-        Variant::Win | Variant::WinU => {
+        (Variant::Row, _) => vec![("WG", WG as f64)],
+        (Variant::Win | Variant::WinU, _) => {
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
         }
-        Variant::Wg | Variant::Sg => vec![("WG", ROW_WG as f64)],
-        Variant::Ks | Variant::KsU => {
+        (Variant::Wg | Variant::Sg, _) => vec![("WG", ROW_WG as f64)],
+        (Variant::Ks | Variant::KsU, None) => {
             vec![
                 ("WG", ctx.subgroup_min_size as f64),
                 ("PAIRED", ks_paired(ty) as u8 as f64),
@@ -301,7 +308,8 @@ fn kernels(
     if !ks1_fits(ctx, v, ty, n_cols) {
         return Ok(vec![(pipeline(ctx, ty, v, memory)?, Steps::Every)]);
     }
-    let mut k = vec![(kernel_pipeline(ctx, ty, v, memory, true)?, Steps::One)];
+    let slots = Some(ks1_slots(ctx, n_cols / 32));
+    let mut k = vec![(kernel_pipeline(ctx, ty, v, memory, slots)?, Steps::One)];
     if cols == Columns::All {
         k.push((pipeline(ctx, ty, v, memory)?, Steps::Several));
     }
