@@ -160,9 +160,10 @@ fn variants_small_block_types() {
                 // 576 columns: 18 Q4_0 blocks, several windows with a short last one;
                 // odd row counts give rows that start at every alignment. 7 tokens are
                 // one short tile in `ks`, 9 a whole one and a single token. Single tokens
-                // of up to 48 chunks run `mul_mat_ks1` in `ks` on 8-lane subgroups, three
-                // chunks per lane up to 24 and six beyond (768 and 1536 columns fill
-                // every lane's; 1568 run `ks` itself).
+                // of up to 48 chunks run `mul_mat_ks1` in `ks` on 8-lane subgroups, with
+                // the fewest chunks per lane that cover the row: one up to 8 chunks,
+                // three at 576-768 columns (768 fills every lane's), four at 800, six at
+                // 1536 (full); 1568 run `ks` itself.
                 for (rows, cols, toks) in [
                     (1, 32, 1),
                     (67, 96, 1),
@@ -176,6 +177,11 @@ fn variants_small_block_types() {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }
                 check(ctx, v, ty, 70, 64, 6, Columns::Last);
+                // Two and five chunks per lane, once per walk (`RUNS` on and off).
+                if matches!(ty, GgmlType::Q4_1 | GgmlType::Q8_0) {
+                    check(ctx, v, ty, 33, 480, 1, Columns::All);
+                    check(ctx, v, ty, 33, 1248, 1, Columns::All);
+                }
                 // Into a residual stream: a whole tile and a short one. The store
                 // does not depend on the weight type, so one type per family checks it
                 // (each is a pipeline of its own to compile).

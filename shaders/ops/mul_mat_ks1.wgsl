@@ -20,8 +20,8 @@
 override WG: u32 = 8u;
 // Rows per workgroup, as `mul_mat_ks`.
 const ROWS: u32 = 64u;
-// Chunks per lane, 3 or 6 (`ops::mul_mat::ks1_slots`). The last three slots' loads and
-// dot products fold away when it is 3.
+// Chunks per lane, 1 to 6: the fewest that cover a row (`ops::mul_mat::ks1_slots`).
+// The loads and dot products of the slots past SLOTS fold away.
 override SLOTS: u32 = 3u;
 // Lane l holds chunks l * SLOTS .. (a contiguous run) rather than l, l + WG, ..; as
 // `RUNS` in `mul_mat_ks`.
@@ -74,9 +74,21 @@ fn main(
             var mine = 0.0;
             for (var j = 0u; j < min(WG, nr - i0); j++) {
                 let rb = (r0 + i0 + j) * p.row_bytes;
-                var v = slot_dot(rb, s0) + slot_dot(rb, s1) + slot_dot(rb, s2);
+                var v = slot_dot(rb, s0);
+                if (SLOTS > 1u) {
+                    v += slot_dot(rb, s1);
+                }
+                if (SLOTS > 2u) {
+                    v += slot_dot(rb, s2);
+                }
                 if (SLOTS > 3u) {
-                    v += slot_dot(rb, s3) + slot_dot(rb, s4) + slot_dot(rb, s5);
+                    v += slot_dot(rb, s3);
+                }
+                if (SLOTS > 4u) {
+                    v += slot_dot(rb, s4);
+                }
+                if (SLOTS > 5u) {
+                    v += slot_dot(rb, s5);
                 }
                 mine = select(mine, subgroupAdd(v), l == j);
             }
