@@ -178,8 +178,8 @@ const KS_ROWS: u32 = 64;
 
 /// Chunks of 32 elements each lane of `mul_mat_ks1` holds for rows of `n_chunks` chunks
 /// (`SLOTS` in mul_mat_ks1.wgsl): the fewest that cover the row, as every lane dots all
-/// its slots on every row (1.3-1.6x on 1024 columns at four slots against six, 1.2x
-/// and more on 512 at two against three, docs/perf.md); 0 where the row is longer than
+/// its slots on every row (1.2-1.5x on 1024 columns at four slots against six, 1.1-1.8x
+/// on 512 at two against three, docs/perf.md); 0 where the row is longer than
 /// six chunks per lane.
 fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
     match n_chunks.div_ceil(ctx.subgroup_min_size.max(1) as u64) {
