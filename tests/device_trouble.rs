@@ -219,10 +219,12 @@ fn few_storage_buffers_run_the_products_apart() {
     // 30 layers: two dispatches more for Q/K/V and one for gate/up per layer. Two
     // kernels bind five storage buffers and are replaced there: RoPE with the cache
     // store (one dispatch more per layer: `rope` and `kv_store`) and the single-token
-    // attention (two more: scores, softmax and the weighted sum apart).
+    // attention (two more: scores, softmax and the weighted sum apart). And the 61 norms
+    // before Q/K/V, gate/up and the output run there: the single-token products fold
+    // them in only with one storage buffer more than fused products bind.
     assert_eq!(
         apart.dispatches_per_step(),
-        fused.dispatches_per_step() + 90 + 30 + 60
+        fused.dispatches_per_step() + 90 + 30 + 60 + 61
     );
     let ids = tok
         .encode("The capital of France is", false, false)
@@ -233,12 +235,25 @@ fn few_storage_buffers_run_the_products_apart() {
     let b = apart.step(&ids, 0, Logits::Last).unwrap();
     let diff = max_diff(&a, &b);
     assert!(diff <= 1e-5, "logits differ by {diff}");
-    // A single-token step: one attention dispatch per layer against three.
+    // A single-token step: one attention dispatch per layer against three, and the
+    // norms folded into the products, which sum the squares in another order: the same
+    // logits up to that rounding, carried through 30 layers.
     let next = [ids[0]];
     let a = fused.step(&next, ids.len() as u32, Logits::Last).unwrap();
     let b = apart.step(&next, ids.len() as u32, Logits::Last).unwrap();
     let diff = max_diff(&a, &b);
-    assert!(diff <= 1e-5, "single-token logits differ by {diff}");
+    let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(
+        diff <= 1e-4 * scale,
+        "single-token logits differ by {diff} (max |logit| {scale})"
+    );
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map(|(i, _)| i)
+    };
+    assert_eq!(argmax(&a), argmax(&b));
 }
 
 #[test]

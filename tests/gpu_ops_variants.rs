@@ -148,6 +148,128 @@ fn check_fused(
     }
 }
 
+/// A product with the norm before it folded into its single-token kernel
+/// (`mul_mat::gpu_normed`): y = W (rms_norm(x) * nw). Single tokens and the last token
+/// alone read the raw residual stream `x` and must not read `xn`, which then holds
+/// noise (a step of one token records no norm dispatch); batches read `xn`.
+fn check_normed(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    rows: &[usize],
+    n_cols: usize,
+    n_tokens: usize,
+    cols: Columns,
+) {
+    let ws: Vec<Vec<u8>> = (0..rows.len())
+        .map(|i| weight(ty, rows[i], n_cols, 41 + i as u64))
+        .collect();
+    let x = Rng::new(7).vec(n_cols * n_tokens, 3.0);
+    let nw = Rng::new(8).vec(n_cols, 1.0);
+    let eps = 1e-5;
+    let mut xn = vec![0f32; x.len()];
+    wgllm::ops::rms_norm::reference(&x, &nw, &mut xn, n_cols, eps);
+    let gw = if rows.len() == 1 {
+        upload(ctx, ty, rows[0], n_cols, &ws[0])
+    } else {
+        let infos: Vec<TensorInfo> = (0..rows.len())
+            .map(|i| TensorInfo {
+                name: format!("w{i}"),
+                dims: vec![n_cols as u64, rows[i] as u64],
+                ty,
+                offset: 0,
+                n_bytes: ws[i].len() as u64,
+            })
+            .collect();
+        let parts: Vec<(&TensorInfo, &[u8])> =
+            infos.iter().zip(&ws).map(|(i, w)| (i, &w[..])).collect();
+        GpuTensor::upload_fused(ctx, "fused", &parts, &mut |_| {}).expect("upload")
+    };
+    let batch_reads_xn = cols == Columns::All && n_tokens > 1;
+    let xn_bound = if batch_reads_xn {
+        xn.clone()
+    } else {
+        Rng::new(11).vec(xn.len(), 100.0)
+    };
+    let step = StepInfo::new(0, n_tokens as u32);
+    let sb = step_buffer(ctx, &step);
+    let xb = buffer_with_guard(ctx, &x, 0);
+    let xnb = buffer_with_guard(ctx, &xn_bound, 0);
+    let nwb = buffer_with_guard(ctx, &nw, 0);
+    let out_tokens = if cols == Columns::Last { 1 } else { n_tokens };
+    let ybs: Vec<_> = rows
+        .iter()
+        .map(|&r| buffer_with_guard(ctx, &vec![0.0; r * out_tokens], 64))
+        .collect();
+    let yrefs: Vec<_> = ybs.iter().collect();
+    let rows32: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+    let norm = mul_mat::Norm {
+        x: &xb,
+        w: &nwb,
+        eps,
+    };
+    let d = mul_mat::gpu_normed(ctx, &sb, &gw, (&xnb, norm), &yrefs, &rows32, cols).expect("build");
+    run(ctx, &d, &step);
+    for (i, &r) in rows.iter().enumerate() {
+        let mut want = vec![0f32; r * n_tokens];
+        mul_mat::reference(ty, &ws[i], r, n_cols, &xn, n_tokens, &mut want).expect("reference");
+        if cols == Columns::Last {
+            want = want[(n_tokens - 1) * r..].to_vec();
+        }
+        let got = read_checked(ctx, &ybs[i], want.len(), 64);
+        let e = nmse(&got, &want);
+        assert!(
+            e < 1e-10,
+            "normed mul_mat {ty} {rows:?}x{n_cols} x{n_tokens} {cols:?}, part {i} on {}: nmse {e:e}",
+            label(ctx)
+        );
+    }
+}
+
+/// The norm folded into single-token products, where the device runs them in
+/// `mul_mat_ks1`: types walked with and without contiguous runs, one output and three,
+/// single tokens, the last token of a batch, and batches (which read the norm's output
+/// instead). Elsewhere `gpu_normed` refuses.
+#[test]
+fn norm_folded_into_single_tokens() {
+    let mut folded = 0;
+    for ctx in contexts() {
+        for (ty, n_cols) in [
+            (GgmlType::Q4_1, 576),
+            (GgmlType::Q8_0, 640),
+            (GgmlType::Q5_0, 1536),
+        ] {
+            let memory = ctx.matrix_memory(ty);
+            if !mul_mat::folds_norm(ctx, ty, n_cols as u64, memory) {
+                let gw = upload(ctx, ty, 3, n_cols, &weight(ty, 3, n_cols, 1));
+                let b = buffer_with_guard(ctx, &vec![0.0; n_cols], 0);
+                let sb = step_buffer(ctx, &StepInfo::new(0, 1));
+                let norm = mul_mat::Norm {
+                    x: &b,
+                    w: &b,
+                    eps: 1e-5,
+                };
+                let r = mul_mat::gpu_normed(ctx, &sb, &gw, (&b, norm), &[&b], &[3], Columns::All);
+                assert!(
+                    r.is_err(),
+                    "{ty} on {}: folded where it does not fit",
+                    label(ctx)
+                );
+                continue;
+            }
+            folded += 1;
+            check_normed(ctx, ty, &[67], n_cols, 1, Columns::All);
+            check_normed(ctx, ty, &[67], n_cols, 5, Columns::Last);
+            check_normed(ctx, ty, &[67], n_cols, 9, Columns::All);
+            check_normed(ctx, ty, &[70, 33, 33], n_cols, 1, Columns::All);
+        }
+    }
+    // lavapipe runs `ks` with 8-lane subgroups: the folded kernel must have run there.
+    let cpu_vulkan = contexts().iter().any(|c| {
+        c.info.device_type == wgpu::DeviceType::Cpu && c.info.backend == wgpu::Backend::Vulkan
+    });
+    assert!(!cpu_vulkan || folded > 0, "no adapter folded a norm");
+}
+
 fn variants(ctx: &GpuContext) -> impl Iterator<Item = Variant> + '_ {
     Variant::ALL.into_iter().filter(|v| v.available(ctx))
 }

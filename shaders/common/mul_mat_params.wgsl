@@ -21,7 +21,8 @@ struct Params {
     seg1: u32,
     seg2: u32,
     seg_end: u32,
-    _pad1: u32,
+    // The epsilon of the norm `mul_mat_ks1` folds in (common/x_norm.wgsl).
+    norm_eps: f32,
 }
 
 // Stores to an output add the product to it when p.acc is 1 (the residual stream),

@@ -10,7 +10,13 @@
 // and no tile loop in the kernel, llvmpipe's code for it runs 1.4-2x faster on long
 // stacks of short rows (Q8_0 and Q4_1 640x262144 and 576x49152, docs/perf.md).
 //
-// Params: common/mul_mat_params.wgsl; bindings as `mul_mat_ks`.
+// With NORM (the `mul_mat_ks1n` build, common/x_norm.wgsl) the activations are the
+// residual stream and the norm before the product happens here: the lanes' slots are
+// the whole row, so its sum of squares is one `subgroupAdd` (`norm_inv`), and each
+// slot is scaled by 1 / rms and the norm's weight before the rows are walked.
+//
+// Params: common/mul_mat_params.wgsl; bindings as `mul_mat_ks`, and the norm's weight
+// at 8 with NORM.
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -36,11 +42,49 @@ struct Slot {
     xs: f32,
 }
 
-fn slot(first: u32, t: u32, k: u32, l: u32, n_chunks: u32) -> Slot {
+// Lane l's k-th chunk of a row of n_chunks: its index, and whether it is in the row.
+fn slot_chunk(k: u32, l: u32, n_chunks: u32) -> vec2<u32> {
     let want = select(l + k * WG, l * SLOTS + k, RUNS);
-    let c = min(want, n_chunks - 1u);
-    let x = x_chunk(first, t, c);
-    return Slot(c, select(0.0, 1.0, want < n_chunks), x, x_sum(x));
+    return vec2<u32>(min(want, n_chunks - 1u), u32(want < n_chunks));
+}
+
+// `inv` scales the activations with NORM (1 / rms, see `norm_inv`).
+fn slot(first: u32, t: u32, k: u32, l: u32, n_chunks: u32, inv: f32) -> Slot {
+    let c = slot_chunk(k, l, n_chunks);
+    let x = normed(x_chunk(first, t, c.x), c.x, inv);
+    return Slot(c.x, f32(c.y), x, x_sum(x));
+}
+
+// Chunk c of the activations times `inv` and the norm's weight, with NORM.
+fn normed(x: array<vec4<f32>, 8>, c: u32, inv: f32) -> array<vec4<f32>, 8> {
+    if (!NORM) {
+        return x;
+    }
+    let i = c * 8u;
+    return array<vec4<f32>, 8>(
+        x[0] * inv * norm_w(i), x[1] * inv * norm_w(i + 1u),
+        x[2] * inv * norm_w(i + 2u), x[3] * inv * norm_w(i + 3u),
+        x[4] * inv * norm_w(i + 4u), x[5] * inv * norm_w(i + 5u),
+        x[6] * inv * norm_w(i + 6u), x[7] * inv * norm_w(i + 7u),
+    );
+}
+
+// With NORM, 1 / rms of output token t's activations: the lanes' slots are the whole
+// row, so its sum of squares is one `subgroupAdd` (uniform control flow: every lane
+// calls it). 1 without.
+fn norm_inv(first: u32, t: u32, l: u32, n_chunks: u32) -> f32 {
+    if (!NORM) {
+        return 1.0;
+    }
+    var sq = 0.0;
+    for (var k = 0u; k < SLOTS; k++) {
+        let c = slot_chunk(k, l, n_chunks);
+        let x = x_chunk(first, t, c.x);
+        let s = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3]
+            + x[4] * x[4] + x[5] * x[5] + x[6] * x[6] + x[7] * x[7];
+        sq += f32(c.y) * (s.x + s.y + s.z + s.w);
+    }
+    return inverseSqrt(subgroupAdd(sq) / f32(p.n_cols) + p.norm_eps);
 }
 
 fn slot_dot(row_byte: u32, s: Slot) -> f32 {
@@ -64,12 +108,13 @@ fn main(
     let n_out = min(step.n_tokens - first, p.tok0 + min(p.tok_n, step.n_tokens));
     let out0 = p.row0 + r0;
     for (var t = p.tok0; t < n_out; t++) {
-        let s0 = slot(first, t, 0u, l, n_chunks);
-        let s1 = slot(first, t, 1u, l, n_chunks);
-        let s2 = slot(first, t, 2u, l, n_chunks);
-        let s3 = slot(first, t, 3u, l, n_chunks);
-        let s4 = slot(first, t, 4u, l, n_chunks);
-        let s5 = slot(first, t, 5u, l, n_chunks);
+        let inv = norm_inv(first, t, l, n_chunks);
+        let s0 = slot(first, t, 0u, l, n_chunks, inv);
+        let s1 = slot(first, t, 1u, l, n_chunks, inv);
+        let s2 = slot(first, t, 2u, l, n_chunks, inv);
+        let s3 = slot(first, t, 3u, l, n_chunks, inv);
+        let s4 = slot(first, t, 4u, l, n_chunks, inv);
+        let s5 = slot(first, t, 5u, l, n_chunks, inv);
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = 0.0;
             for (var j = 0u; j < min(WG, nr - i0); j++) {

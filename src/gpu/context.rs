@@ -91,7 +91,7 @@ fn forced_weights(
 
 /// Storage buffers a mul_mat kernel binds with the outputs of fused products (weights
 /// twice, activations, three outputs); devices with fewer run the products apart.
-const FUSED_STORAGE_BUFFERS: u32 = 6;
+pub(crate) const FUSED_STORAGE_BUFFERS: u32 = 6;
 
 /// What `wgllm devices` prints for one adapter.
 #[derive(Clone, Debug)]

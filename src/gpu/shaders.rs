@@ -92,6 +92,8 @@ const MUL_MAT_XU: &str = wgsl!("ops/mul_mat_xu.wgsl");
 const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 const MUL_MAT_KS1: &str = wgsl!("ops/mul_mat_ks1.wgsl");
 const X_CHUNK: &str = wgsl!("common/x_chunk.wgsl");
+const X_NORM: &str = wgsl!("common/x_norm.wgsl");
+const X_PLAIN: &str = wgsl!("common/x_plain.wgsl");
 
 /// Kernels specialised by weight type: (name, body parts, joined in order).
 /// `mul_mat_*` are the variants of `mul_mat` (see `ops::mul_mat::Variant`).
@@ -162,6 +164,19 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_PARAMS,
             MUL_MAT_STORE,
             X_CHUNK,
+            X_PLAIN,
+            MUL_MAT_KS1,
+            MUL_MAT_XS,
+        ],
+    ),
+    (
+        "mul_mat_ks1n",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            X_CHUNK,
+            X_NORM,
             MUL_MAT_KS1,
             MUL_MAT_XS,
         ],
@@ -173,6 +188,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_PARAMS,
             MUL_MAT_STORE,
             X_CHUNK,
+            X_PLAIN,
             MUL_MAT_KS1,
             MUL_MAT_XU,
         ],

@@ -35,9 +35,93 @@ struct Recorder<'a> {
     kv_dim: u32,
     n_ctx: u32,
     plan: Vec<Dispatch>,
+    /// The last norm of the residual stream, while products may still fold it in.
+    pending: Option<PendingNorm>,
+}
+
+/// A norm of the residual stream (one row per token) whose readers are still being
+/// recorded. Products that read its output may fold it into their single-token kernels
+/// (`ops::mul_mat::gpu_normed`); once the next other op is recorded, the norm is
+/// settled: kept for every step if a reader did not fold it, for batches only if the
+/// folded readers' batches still read its output, or dropped.
+struct PendingNorm {
+    /// Its index in the plan.
+    at: usize,
+    x: wgpu::Buffer,
+    w: wgpu::Buffer,
+    y: wgpu::Buffer,
+    n: u32,
+    eps: f32,
+    /// Whether a reader folded it in.
+    folded: bool,
+    /// Whether a reader did not fold it (or its output is read by other ops: settled
+    /// before any reader, a norm such as Gemma's one-head K norm stays).
+    unfolded: bool,
+    /// Whether a folded reader runs batches, which read the norm's output.
+    batches: bool,
 }
 
 impl<'a> Recorder<'a> {
+    /// Settle the pending norm (see [`PendingNorm`]).
+    fn settle(&mut self) {
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        if p.unfolded || !p.folded {
+            return;
+        }
+        let d = self.plan.remove(p.at);
+        if p.batches {
+            self.plan.insert(p.at, d.gated(|s| s.n_tokens > 1));
+        }
+    }
+
+    /// Whether a product of `w` reading `x` into `ys` folds the pending norm in. If it
+    /// reads the norm's output without folding it, the norm is marked as needed in
+    /// every step; if it writes the norm's input or output, the norm is settled first.
+    fn folds(&mut self, w: &GpuTensor, x: &wgpu::Buffer, ys: &[&wgpu::Buffer]) -> bool {
+        let Some(p) = self.pending.as_ref() else {
+            return false;
+        };
+        if ys.iter().any(|y| **y == p.x || **y == p.y) {
+            self.settle();
+            return false;
+        }
+        if *x != p.y {
+            return false;
+        }
+        let fits = p.n as u64 == w.n_cols()
+            && ops::mul_mat::folds_norm(self.ctx, w.ty, w.n_cols(), w.memory);
+        if let Some(p) = self.pending.as_mut() {
+            p.unfolded |= !fits;
+        }
+        fits
+    }
+
+    /// A product reading the pending norm's output, with the norm folded in.
+    fn mul_mat_normed(
+        &mut self,
+        w: &GpuTensor,
+        ys: &[&wgpu::Buffer],
+        rows: &[u32],
+        cols: Columns,
+    ) -> Result<()> {
+        let p = self
+            .pending
+            .as_mut()
+            .ok_or_else(|| Error::gpu("a folded norm with no norm recorded"))?;
+        let norm = ops::mul_mat::Norm {
+            x: &p.x,
+            w: &p.w,
+            eps: p.eps,
+        };
+        let d = ops::mul_mat::gpu_normed(self.ctx, self.step, w, (&p.y, norm), ys, rows, cols)?;
+        p.folded = true;
+        p.batches |= cols == Columns::All;
+        self.plan.extend(d);
+        Ok(())
+    }
+
     /// Layer `il`'s K and V caches.
     fn cache(&self, il: usize) -> Result<[&'a wgpu::Buffer; 2]> {
         let (kc, vc) = self
@@ -82,6 +166,7 @@ impl Ops for Recorder<'_> {
     type Weight = GpuTensor;
 
     fn embed(&mut self, w: &GpuTensor, out: &wgpu::Buffer, scale: f32) -> Result<()> {
+        self.settle();
         let d = ops::get_rows::gpu(self.ctx, self.step, w, self.ids, out, scale)?;
         self.plan.extend(d);
         Ok(())
@@ -96,8 +181,22 @@ impl Ops for Recorder<'_> {
         rows: u32,
         eps: f32,
     ) -> Result<()> {
+        self.settle();
         let wb = single(w)?;
         let d = ops::rms_norm::gpu(self.ctx, self.step, x, wb, y, n, rows, eps, Store::Write)?;
+        if rows == 1 {
+            self.pending = Some(PendingNorm {
+                at: self.plan.len(),
+                x: x.clone(),
+                w: wb.clone(),
+                y: y.clone(),
+                n,
+                eps,
+                folded: false,
+                unfolded: false,
+                batches: false,
+            });
+        }
         self.plan.push(d);
         Ok(())
     }
@@ -109,6 +208,9 @@ impl Ops for Recorder<'_> {
         y: &wgpu::Buffer,
         cols: Columns,
     ) -> Result<()> {
+        if self.folds(w, x, &[y]) {
+            return self.mul_mat_normed(w, &[y], &[w.n_rows() as u32], cols);
+        }
         let d = ops::mul_mat::gpu(self.ctx, self.step, w, x, y, cols, Store::Write)?;
         self.plan.extend(d);
         Ok(())
@@ -121,12 +223,16 @@ impl Ops for Recorder<'_> {
         ys: &[&wgpu::Buffer],
         rows: &[u32],
     ) -> Result<()> {
+        if self.folds(w, x, ys) {
+            return self.mul_mat_normed(w, ys, rows, Columns::All);
+        }
         let d = ops::mul_mat::gpu_rows(self.ctx, self.step, w, x, ys, rows)?;
         self.plan.extend(d);
         Ok(())
     }
 
     fn rope(&mut self, x: &wgpu::Buffer, rope: &Rope) -> Result<()> {
+        self.settle();
         let d = rope.gpu(self.ctx, self.step, x)?;
         self.plan.push(d);
         Ok(())
@@ -139,6 +245,7 @@ impl Ops for Recorder<'_> {
         rope: &Rope,
         k_heads: u32,
     ) -> Result<()> {
+        self.settle();
         let d = rope.gpu_pair(self.ctx, self.step, q, Some((k, k_heads)))?;
         self.plan.push(d);
         Ok(())
@@ -153,6 +260,7 @@ impl Ops for Recorder<'_> {
         k_heads: u32,
         attn: &Attention,
     ) -> Result<()> {
+        self.settle();
         if !ops::kv_store::rope_store_available(self.ctx) {
             self.rope_qk(q, k, rope, k_heads)?;
             return self.attention(il, q, k, v, out, attn);
@@ -182,6 +290,7 @@ impl Ops for Recorder<'_> {
         out: &wgpu::Buffer,
         attn: &Attention,
     ) -> Result<()> {
+        self.settle();
         let [kc, vc] = self.cache(il)?;
         let store = ops::kv_store::gpu(self.ctx, self.step, k, v, kc, vc, self.kv_dim, self.n_ctx)?;
         self.plan.push(store);
@@ -196,12 +305,14 @@ impl Ops for Recorder<'_> {
         n: u32,
         act: Activation,
     ) -> Result<()> {
+        self.settle();
         let d = ops::glu::gpu(self.ctx, self.step, gate, up, out, n, act)?;
         self.plan.push(d);
         Ok(())
     }
 
     fn add(&mut self, x: &wgpu::Buffer, y: &wgpu::Buffer, n: u32) -> Result<()> {
+        self.settle();
         let d = ops::add::gpu(self.ctx, self.step, x, y, n)?;
         self.plan.push(d);
         Ok(())
@@ -217,6 +328,7 @@ impl Ops for Recorder<'_> {
         _tmp: &wgpu::Buffer,
         _n: u32,
     ) -> Result<()> {
+        self.settle();
         let d = ops::mul_mat::gpu(self.ctx, self.step, w, x, y, Columns::All, Store::Add)?;
         self.plan.extend(d);
         Ok(())
@@ -231,6 +343,7 @@ impl Ops for Recorder<'_> {
         n: u32,
         eps: f32,
     ) -> Result<()> {
+        self.settle();
         let wb = single(w)?;
         let d = ops::rms_norm::gpu(self.ctx, self.step, p, wb, x, n, 1, eps, Store::Add)?;
         self.plan.push(d);
@@ -506,6 +619,7 @@ impl GpuModel {
             kv_dim: self.cfg.kv_dim(),
             n_ctx: self.n_ctx,
             plan: Vec::new(),
+            pending: None,
         }
     }
 
@@ -515,6 +629,7 @@ impl GpuModel {
     ) -> Result<Vec<Dispatch>> {
         let mut r = self.recorder();
         f(&mut r, self)?;
+        r.settle();
         Ok(r.plan)
     }
 

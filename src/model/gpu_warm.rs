@@ -40,18 +40,26 @@ const MAX_THREADS: usize = 4;
 struct Warm<'a> {
     ctx: &'a GpuContext,
     jobs: Vec<WarmJob<'a>>,
-    mats: HashSet<(GgmlType, u64, Columns)>,
+    mats: HashSet<(GgmlType, u64, Columns, bool)>,
     attention: bool,
+    /// The row length of the last norm of the residual stream, while the products
+    /// after it may fold it in (as `gpu_backend`'s recorder does).
+    norm: Option<u32>,
 }
 
 impl Warm<'_> {
     /// The pipelines of a type, row length and columns, whether products replace their
-    /// outputs or add to them.
-    fn mat(&mut self, w: &Shape, cols: Columns) -> Result<()> {
-        if self.mats.insert((w.ty, w.n_cols, cols)) {
-            let (ctx, ty, n_cols) = (self.ctx, w.ty, w.n_cols);
-            self.jobs
-                .push(Box::new(move || mul_mat::warm(ctx, ty, n_cols, cols)));
+    /// outputs or add to them; with the norm before them folded in where the recorder
+    /// will fold it (`reads_norm`: the product reads the last norm's output).
+    fn mat(&mut self, w: &Shape, cols: Columns, reads_norm: bool) -> Result<()> {
+        let (ctx, ty, n_cols) = (self.ctx, w.ty, w.n_cols);
+        let normed = reads_norm
+            && self.norm.is_some_and(|n| n as u64 == n_cols)
+            && mul_mat::folds_norm(ctx, ty, n_cols, ctx.matrix_memory(ty));
+        if self.mats.insert((ty, n_cols, cols, normed)) {
+            self.jobs.push(Box::new(move || {
+                mul_mat::warm(ctx, ty, n_cols, cols, normed)
+            }));
         }
         Ok(())
     }
@@ -62,25 +70,30 @@ impl Ops for Warm<'_> {
     type Weight = Shape;
 
     fn embed(&mut self, w: &Shape, _: &(), _: f32) -> Result<()> {
+        self.norm = None;
         let (ctx, ty) = (self.ctx, w.ty);
         self.jobs
             .push(Box::new(move || crate::ops::get_rows::warm(ctx, ty)));
         Ok(())
     }
 
-    fn rms_norm(&mut self, _: &(), _: &Shape, _: &(), _: u32, _: u32, _: f32) -> Result<()> {
+    fn rms_norm(&mut self, _: &(), _: &Shape, _: &(), n: u32, rows: u32, _: f32) -> Result<()> {
+        self.norm = (rows == 1).then_some(n);
         Ok(())
     }
 
+    // The graph's products read the norm just before them, if any.
     fn mul_mat(&mut self, w: &Shape, _: &(), _: &(), cols: Columns) -> Result<()> {
-        self.mat(w, cols)
+        self.mat(w, cols, true)
     }
 
     fn rope(&mut self, _: &(), _: &Rope) -> Result<()> {
+        self.norm = None;
         Ok(())
     }
 
     fn attention(&mut self, _: usize, _: &(), _: &(), _: &(), _: &(), _: &Attention) -> Result<()> {
+        self.norm = None;
         // Once: every layer runs the same kernels.
         if !self.attention {
             self.attention = true;
@@ -90,19 +103,27 @@ impl Ops for Warm<'_> {
     }
 
     fn glu(&mut self, _: &(), _: &(), _: &(), _: u32, _: Activation) -> Result<()> {
+        self.norm = None;
         Ok(())
     }
 
     fn add(&mut self, _: &(), _: &(), _: u32) -> Result<()> {
+        self.norm = None;
         Ok(())
     }
 
     fn mul_mat_add(&mut self, w: &Shape, _: &(), _: &(), _: &(), _: u32) -> Result<()> {
-        self.mat(w, Columns::All)
+        self.norm = None;
+        self.mat(w, Columns::All, false)
     }
 
     fn mul_mat_rows(&mut self, w: &Shape, _: &(), _: &[&()], _: &[u32]) -> Result<()> {
-        self.mat(w, Columns::All)
+        self.mat(w, Columns::All, true)
+    }
+
+    fn rms_norm_add(&mut self, _: &(), _: &(), _: &Shape, _: &(), _: u32, _: f32) -> Result<()> {
+        self.norm = None;
+        Ok(())
     }
 }
 
@@ -142,6 +163,7 @@ pub fn warm(
         jobs: Vec::new(),
         mats: HashSet::new(),
         attention: false,
+        norm: None,
     };
     if layers.start == 0 {
         graph::embed(&mut o, cfg, &shape("token_embd.weight")?, &scratch)?;

@@ -223,26 +223,33 @@ pub(crate) fn pipeline(
     kernel_pipeline(ctx, ty, v, memory, None)
 }
 
-/// The pipeline of variant `v`, or with `Some(slots)` its single-token kernel holding
-/// `slots` chunks per lane (`mul_mat_ks1`, for `Ks` and `KsU` only).
+/// The pipeline of variant `v`, or with `Some((slots, normed))` its single-token kernel
+/// holding `slots` chunks per lane (`mul_mat_ks1`, for `Ks` and `KsU` only), folding
+/// the norm before the product in when `normed` (`mul_mat_ks1n`, `Ks` only).
 fn kernel_pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
     memory: WeightMemory,
-    single: Option<u32>,
+    single: Option<(u32, bool)>,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
     let shader = match (single, v) {
         (None, v) => v.shader(),
-        (Some(_), Variant::Ks) => "mul_mat_ks1",
-        (Some(_), Variant::KsU) => "mul_mat_ks1u",
+        (Some((_, false)), Variant::Ks) => "mul_mat_ks1",
+        (Some((_, true)), Variant::Ks) => "mul_mat_ks1n",
+        (Some((_, false)), Variant::KsU) => "mul_mat_ks1u",
         (Some(_), v) => {
             return Err(Error::gpu(format!(
-                "mul_mat variant {} has no single-token kernel",
-                v.name()
+                "mul_mat variant {} has no single-token kernel{}",
+                v.name(),
+                if single.is_some_and(|s| s.1) {
+                    " with a norm"
+                } else {
+                    ""
+                }
             )))
         }
     };
@@ -250,7 +257,7 @@ fn kernel_pipeline(
     // Whether a product replaces its output or is added to it is a parameter
     // (`Params::acc`), not a constant: one pipeline serves both.
     let consts: Vec<(&str, f64)> = match (v, single) {
-        (Variant::Ks | Variant::KsU, Some(slots)) => vec![
+        (Variant::Ks | Variant::KsU, Some((slots, _))) => vec![
             ("WG", ctx.subgroup_min_size as f64),
             ("RUNS", ks_runs(ty) as u8 as f64),
             ("SLOTS", slots as f64),
@@ -268,10 +275,16 @@ fn kernel_pipeline(
             ]
         }
     };
-    let layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU), memory);
-    let layout = if fused { &layout[..] } else { &layout[..6] };
+    let mut layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU), memory).to_vec();
+    if !fused {
+        layout.truncate(6);
+    }
+    if single.is_some_and(|s| s.1) {
+        // The norm's weight (common/x_norm.wgsl).
+        layout.push(Binding::Read);
+    }
     ctx.pipelines
-        .get_laid_out(&ctx.device, &label, &consts, Some(layout), || {
+        .get_laid_out(&ctx.device, &label, &consts, Some(&layout), || {
             crate::gpu::shaders::quant_source_as(shader, ty, form)
         })
 }
@@ -299,17 +312,25 @@ impl Steps {
 
 /// The kernels of a product of `cols` and the steps each runs in: the variant's, or
 /// where [`ks1_fits`], `mul_mat_ks1` for single tokens and the tiled kernel for
-/// batches, which a product of the last token alone never compiles.
+/// batches, which a product of the last token alone never compiles. With `normed`, the
+/// single-token kernel folds in the norm before the product ([`folds_norm`]).
 fn kernels(
     ctx: &GpuContext,
     (ty, n_cols, memory): (GgmlType, u64, WeightMemory),
     v: Variant,
     cols: Columns,
+    normed: bool,
 ) -> Result<Vec<(Arc<wgpu::ComputePipeline>, Steps)>> {
     if !ks1_fits(ctx, v, ty, n_cols) {
+        if normed {
+            return Err(Error::Unsupported(format!(
+                "a norm folded into a {} {ty} product of {n_cols} columns",
+                v.name()
+            )));
+        }
         return Ok(vec![(pipeline(ctx, ty, v, memory)?, Steps::Every)]);
     }
-    let slots = Some(ks1_slots(ctx, n_cols / 32));
+    let slots = Some((ks1_slots(ctx, n_cols / 32), normed));
     let mut k = vec![(kernel_pipeline(ctx, ty, v, memory, slots)?, Steps::One)];
     if cols == Columns::All {
         k.push((pipeline(ctx, ty, v, memory)?, Steps::Several));
@@ -375,6 +396,8 @@ struct WinParams {
     tok0: u32,
     tok_n: u32,
     seg: Segments,
+    /// The folded norm's epsilon ([`Norm`]).
+    norm_eps: f32,
 }
 
 impl WinParams {
@@ -405,6 +428,7 @@ impl WinParams {
             tok0,
             tok_n,
             seg: out.seg,
+            norm_eps: 0.0,
         }
     }
 }
@@ -417,7 +441,6 @@ struct Segments {
     seg1: u32,
     seg2: u32,
     seg_end: u32,
-    _pad: u32,
 }
 
 impl Segments {
@@ -426,7 +449,6 @@ impl Segments {
         seg1: u32::MAX,
         seg2: u32::MAX,
         seg_end: u32::MAX,
-        _pad: 0,
     };
 
     /// Products of `rows[i]` rows each (one to three), one after another.
@@ -439,7 +461,6 @@ impl Segments {
                 seg1: a,
                 seg2: sum(&rows[..2]).map_err(|_| too_many())?,
                 seg_end: sum(rows).map_err(|_| too_many())?,
-                _pad: 0,
             }),
             _ => Err(too_many()),
         }
@@ -494,7 +515,7 @@ pub fn gpu_variant(
     store: Store,
 ) -> Result<Vec<Dispatch>> {
     let out = Outputs::plain(ctx, y, w.n_rows(), store);
-    gpu_out(ctx, v, step, w, x, &out, cols)
+    gpu_out(ctx, v, step, w, x, &out, cols, None)
 }
 
 /// ys[i] = rows `rows[i]` of W x, for a W holding several products' rows one after
@@ -535,7 +556,59 @@ pub fn gpu_rows_variant(
         )));
     }
     let out = Outputs::fused(ctx, ys, rows)?;
-    gpu_out(ctx, v, step, w, x, &out, Columns::All)
+    gpu_out(ctx, v, step, w, x, &out, Columns::All, None)
+}
+
+/// The norm a product folds into its single-token kernel (`mul_mat_ks1n`): instead of
+/// reading `rms_norm(x) * w` from a buffer a norm dispatch wrote, the kernel reads the
+/// residual stream `x` and normalises it itself. A step of one token then needs no norm
+/// dispatch before the product (on CPU-hosted drivers each dispatch costs tens of
+/// microseconds whatever its size); batches still read the norm's output.
+#[derive(Clone, Copy)]
+pub struct Norm<'a> {
+    /// The residual stream, [n_cols, n_tokens].
+    pub x: &'a wgpu::Buffer,
+    /// The norm's weight, [n_cols] f32.
+    pub w: &'a wgpu::Buffer,
+    pub eps: f32,
+}
+
+/// Whether products of rows of `n_cols` elements of `ty` held in `memory` can fold the
+/// norm before them into their single-token kernel ([`gpu_normed`]): where they run
+/// `mul_mat_ks1` in the `Ks` variant and the device binds the norm's weight too.
+pub fn folds_norm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, memory: WeightMemory) -> bool {
+    let v = variant(ctx, ty).and_then(|v| resolve(ctx, v, ty, n_cols, memory));
+    ctx.fused_outputs()
+        // The norm's weight is one storage buffer more than the fused products bind.
+        && ctx.limits.max_storage_buffers_per_shader_stage
+            > crate::gpu::context::FUSED_STORAGE_BUFFERS
+        && matches!(v, Ok(Variant::Ks))
+        && ks1_fits(ctx, Variant::Ks, ty, n_cols)
+}
+
+/// ys[i] = rows `rows[i]` of W xn (one output: `ys = [y]`, `rows = [n_rows]`), where
+/// xn = rms_norm(norm.x) * norm.w is in `xn` for batches and computed by the kernel
+/// itself for single tokens ([`Norm`]; only where [`folds_norm`]).
+pub fn gpu_normed(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    (xn, norm): (&wgpu::Buffer, Norm<'_>),
+    ys: &[&wgpu::Buffer],
+    rows: &[u32],
+    cols: Columns,
+) -> Result<Vec<Dispatch>> {
+    if !folds_norm(ctx, w.ty, w.n_cols(), w.memory) {
+        return Err(Error::Unsupported(format!(
+            "{}: a norm folded into its product on {}",
+            w.name, ctx.info.name
+        )));
+    }
+    let out = match ys {
+        [y] => Outputs::plain(ctx, y, w.n_rows(), Store::Write),
+        _ => Outputs::fused(ctx, ys, rows)?,
+    };
+    gpu_out(ctx, Variant::Ks, step, w, xn, &out, cols, Some(norm))
 }
 
 /// Where a dispatch's products go: up to three buffers and the rows of each.
@@ -597,6 +670,7 @@ fn gpu_out(
     x: &wgpu::Buffer,
     out: &Outputs<'_>,
     cols: Columns,
+    norm: Option<Norm<'_>>,
 ) -> Result<Vec<Dispatch>> {
     if w.n_cols() % 32 != 0 {
         return Err(Error::Unsupported(format!(
@@ -611,15 +685,19 @@ fn gpu_out(
         return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu);
     }
     let mut plan = Vec::new();
-    for (pipe, steps) in kernels(ctx, (w.ty, w.n_cols(), w.memory), v, cols)? {
+    let shape = (w.ty, w.n_cols(), w.memory);
+    for (pipe, steps) in kernels(ctx, shape, v, cols, norm.is_some())? {
         let on = move |s: &StepInfo| steps.admits(s, cols);
         let every_token = (0, u32::MAX);
+        // The single-token kernel normalises the residual stream itself; batches read
+        // the norm's output.
+        let norm = norm.filter(|_| steps == Steps::One);
         plan.extend(part_dispatches(
             ctx,
             (v, &pipe),
             step,
             w,
-            (x, out),
+            (x, out, norm),
             cols,
             every_token,
             on,
@@ -629,15 +707,15 @@ fn gpu_out(
 }
 
 /// One dispatch per part of W with `pipe` (variant `v`), reading activations from `x`
-/// (storage, or the uniform copy) for output tokens `tok0 .. tok0 + tok_n`; a step
-/// for which `on` is false gets an empty grid.
+/// (storage, or the uniform copy; with a [`Norm`], its residual stream) for output
+/// tokens `tok0 .. tok0 + tok_n`; a step for which `on` is false gets an empty grid.
 #[allow(clippy::too_many_arguments)]
 fn part_dispatches(
     ctx: &GpuContext,
     (v, pipe): (Variant, &Arc<wgpu::ComputePipeline>),
     step: &wgpu::Buffer,
     w: &GpuTensor,
-    (x, out): (&wgpu::Buffer, &Outputs<'_>),
+    (x, out, norm): (&wgpu::Buffer, &Outputs<'_>, Option<Norm<'_>>),
     cols: Columns,
     toks: (u32, u32),
     on: impl Fn(&StepInfo) -> bool + Copy + Send + Sync + 'static,
@@ -652,9 +730,17 @@ fn part_dispatches(
     w.parts
         .iter()
         .map(|part| {
-            let wp = WinParams::new(w, part, cols, out, window, toks);
+            let mut wp = WinParams::new(w, part, cols, out, window, toks);
             let g = grid(v, part.n_rows, max_groups);
-            let bindings = out.bindings(part, x);
+            let bindings = match norm {
+                Some(n) => {
+                    wp.norm_eps = n.eps;
+                    let mut b = out.bindings(part, n.x);
+                    b.push(n.w.as_entire_binding());
+                    b
+                }
+                None => out.bindings(part, x),
+            };
             let grid = move |s: &StepInfo| if on(s) { g } else { [0, 1, 1] };
             dispatch_bound(ctx, &label, pipe.clone(), step, &wp, bindings, grid)
         })
@@ -689,14 +775,20 @@ fn resolve(
     })
 }
 
-/// Compile (or find) the pipelines [`gpu`] will use for products of `cols` on rows of
-/// `n_cols` elements of type `ty`, so that they can be built ahead of recording, on
-/// another thread. Matrices are held where the context keeps the type's
-/// ([`GpuContext::matrix_memory`]).
-pub fn warm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, cols: Columns) -> Result<()> {
+/// Compile (or find) the pipelines [`gpu`] (or with `normed`, [`gpu_normed`]) will use
+/// for products of `cols` on rows of `n_cols` elements of type `ty`, so that they can
+/// be built ahead of recording, on another thread. Matrices are held where the context
+/// keeps the type's ([`GpuContext::matrix_memory`]).
+pub fn warm(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    n_cols: u64,
+    cols: Columns,
+    normed: bool,
+) -> Result<()> {
     let memory = ctx.matrix_memory(ty);
     let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols, memory)?;
-    kernels(ctx, (ty, n_cols, memory), v, cols).map(|_| ())
+    kernels(ctx, (ty, n_cols, memory), v, cols, normed).map(|_| ())
 }
 
 /// Bindings 2.. of a kernel that reads weights through common/w_storage.wgsl or
@@ -776,7 +868,7 @@ fn gpu_uniform_x(
     cols: Columns,
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
-    let kernels = kernels(ctx, (w.ty, w.n_cols(), w.memory), v, cols)?;
+    let kernels = kernels(ctx, (w.ty, w.n_cols(), w.memory), v, cols, false)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {
@@ -836,7 +928,7 @@ fn gpu_uniform_x(
                 (v, pipe),
                 step,
                 w,
-                (xu, out),
+                (xu, out, None),
                 cols,
                 toks,
                 on,
