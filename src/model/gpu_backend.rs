@@ -52,10 +52,10 @@ struct PendingNorm {
     y: wgpu::Buffer,
     n: u32,
     eps: f32,
-    /// Whether a reader folded it in.
+    /// Whether a product folded it in. A norm settled with none stays as it is: its
+    /// output is read by other ops (Gemma's one-head K norm, by RoPE).
     folded: bool,
-    /// Whether a reader did not fold it (or its output is read by other ops: settled
-    /// before any reader, a norm such as Gemma's one-head K norm stays).
+    /// Whether a product read its output without folding it.
     unfolded: bool,
     /// Whether a folded reader runs batches, which read the norm's output.
     batches: bool,
