@@ -32,6 +32,28 @@ fn upload(ctx: &GpuContext, ty: GgmlType, n_rows: usize, n_cols: usize, bytes: &
     GpuTensor::upload(ctx, &info, bytes).expect("upload")
 }
 
+/// Matrices `ws` of `rows[i]` rows each, uploaded one after another as one
+/// (`GpuTensor::upload_fused`, as Q/K/V and gate/up are).
+fn upload_fused(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    rows: &[usize],
+    n_cols: usize,
+    ws: &[Vec<u8>],
+) -> GpuTensor {
+    let infos: Vec<TensorInfo> = (0..rows.len())
+        .map(|i| TensorInfo {
+            name: format!("w{i}"),
+            dims: vec![n_cols as u64, rows[i] as u64],
+            ty,
+            offset: 0,
+            n_bytes: ws[i].len() as u64,
+        })
+        .collect();
+    let parts: Vec<(&TensorInfo, &[u8])> = infos.iter().zip(ws).map(|(i, w)| (i, &w[..])).collect();
+    GpuTensor::upload_fused(ctx, "fused", &parts, &mut |_| {}).expect("upload")
+}
+
 #[allow(clippy::too_many_arguments)]
 fn check(
     ctx: &GpuContext,
@@ -110,18 +132,7 @@ fn check_fused(
     let ws: Vec<Vec<u8>> = (0..rows.len())
         .map(|i| weight(ty, rows[i], n_cols, 31 + i as u64))
         .collect();
-    let infos: Vec<TensorInfo> = (0..rows.len())
-        .map(|i| TensorInfo {
-            name: format!("w{i}"),
-            dims: vec![n_cols as u64, rows[i] as u64],
-            ty,
-            offset: 0,
-            n_bytes: ws[i].len() as u64,
-        })
-        .collect();
-    let parts: Vec<(&TensorInfo, &[u8])> =
-        infos.iter().zip(&ws).map(|(i, w)| (i, &w[..])).collect();
-    let gw = GpuTensor::upload_fused(ctx, "fused", &parts, &mut |_| {}).expect("upload");
+    let gw = upload_fused(ctx, ty, rows, n_cols, &ws);
     let x = Rng::new(5).vec(n_cols * n_tokens, 1.0);
     let step = StepInfo::new(0, n_tokens as u32);
     let sb = step_buffer(ctx, &step);
@@ -171,18 +182,7 @@ fn check_normed(
     let gw = if rows.len() == 1 {
         upload(ctx, ty, rows[0], n_cols, &ws[0])
     } else {
-        let infos: Vec<TensorInfo> = (0..rows.len())
-            .map(|i| TensorInfo {
-                name: format!("w{i}"),
-                dims: vec![n_cols as u64, rows[i] as u64],
-                ty,
-                offset: 0,
-                n_bytes: ws[i].len() as u64,
-            })
-            .collect();
-        let parts: Vec<(&TensorInfo, &[u8])> =
-            infos.iter().zip(&ws).map(|(i, w)| (i, &w[..])).collect();
-        GpuTensor::upload_fused(ctx, "fused", &parts, &mut |_| {}).expect("upload")
+        upload_fused(ctx, ty, rows, n_cols, &ws)
     };
     let batch_reads_xn = cols == Columns::All && n_tokens > 1;
     let xn_bound = if batch_reads_xn {

@@ -1,5 +1,27 @@
-// Activations of the subgroup matmuls (`mul_mat_ks`, `mul_mat_ks1`) a chunk of 32 at a
-// time, read through `xv` (`ops/mul_mat_xs.wgsl` or `ops/mul_mat_xu.wgsl`).
+// What the subgroup matmuls (`mul_mat_ks`, `mul_mat_ks1`) share: a workgroup's rows and
+// output tokens, and the activations a chunk of 32 at a time, read through `xv`
+// (`ops/mul_mat_xs.wgsl` or `ops/mul_mat_xu.wgsl`).
+
+// Workgroup `wid`'s ROWS rows from r0 (nr of them exist; none when r0 >= p.n_rows), and
+// its output tokens: batch token `first` on, up to n_out (the last token alone for
+// `last_only`; tok0 .. tok0 + tok_n of them per dispatch).
+struct KsRows {
+    r0: u32,
+    nr: u32,
+    first: u32,
+    n_out: u32,
+}
+
+fn ks_rows(wid: vec3<u32>, nwg: vec3<u32>) -> KsRows {
+    let r0 = (wid.y * nwg.x + wid.x) * ROWS;
+    let first = select(0u, step.n_tokens - 1u, p.last_only != 0u);
+    return KsRows(
+        r0,
+        min(ROWS, p.n_rows - min(r0, p.n_rows)),
+        first,
+        min(step.n_tokens - first, p.tok0 + min(p.tok_n, step.n_tokens)),
+    );
+}
 
 // Chunk c of output token t's activations.
 fn x_chunk(first: u32, t: u32, c: u32) -> array<vec4<f32>, 8> {

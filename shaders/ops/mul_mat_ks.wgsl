@@ -72,14 +72,15 @@ fn main(
     @builtin(local_invocation_index) l: u32,
 ) {
     // Uniform per workgroup, so every lane reaches the subgroupAdds below.
-    let r0 = (wid.y * nwg.x + wid.x) * ROWS;
-    if (r0 >= p.n_rows) {
+    let w = ks_rows(wid, nwg);
+    if (w.r0 >= p.n_rows) {
         return;
     }
-    let nr = min(ROWS, p.n_rows - r0);
+    let r0 = w.r0;
+    let nr = w.nr;
     let n_chunks = p.n_cols / 32u;
-    let first = select(0u, step.n_tokens - 1u, p.last_only != 0u);
-    let n_out = min(step.n_tokens - first, p.tok0 + min(p.tok_n, step.n_tokens));
+    let first = w.first;
+    let n_out = w.n_out;
     let out0 = p.row0 + r0;
     var t = p.tok0;
     // Five to seven tokens left over run as one short tile, which computes the missing
