@@ -237,6 +237,7 @@ fn norm_folded_into_single_tokens() {
             (GgmlType::Q4_1, 576),
             (GgmlType::Q8_0, 640),
             (GgmlType::Q5_0, 1536),
+            (GgmlType::Q4_K, 1024),
         ] {
             let memory = ctx.matrix_memory(ty);
             if !mul_mat::folds_norm(ctx, ty, n_cols as u64, memory) {
@@ -325,7 +326,19 @@ fn variants_k_quants() {
     for ctx in contexts() {
         for v in variants(ctx) {
             for ty in GPU_TYPES.into_iter().filter(|t| t.block_size() == 256) {
-                for (rows, cols, toks) in [(1, 256, 1), (67, 512, 5), (33, 2048, 2), (65, 768, 9)] {
+                // Single tokens of up to 1536 columns run `mul_mat_ks1` in `ks` on
+                // 8-lane subgroups (not Q6_K): one chunk per lane at 256 columns, three
+                // at 768, four at 1024, six at 1536; 2048 run `ks` itself.
+                for (rows, cols, toks) in [
+                    (1, 256, 1),
+                    (67, 512, 5),
+                    (33, 2048, 2),
+                    (65, 768, 9),
+                    (65, 768, 1),
+                    (67, 1024, 1),
+                    (33, 1536, 1),
+                    (33, 2048, 1),
+                ] {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }
                 check(ctx, v, ty, 70, 512, 6, Columns::Last);

@@ -1,7 +1,8 @@
 // mul_mat for one token at a time, on rows short enough that one subgroup holds all of
 // a row's activations in registers: each of the WG lanes holds SLOTS chunks of 32
-// (`ops::mul_mat::ks1_fits` picks it for rows of at most 6 * WG chunks, and not for the
-// K-quants, whose chunks go in pairs). A workgroup is one subgroup owning ROWS
+// (`ops::mul_mat::ks1_fits` picks it for rows of at most 6 * WG chunks, and not for
+// Q6_K). K-quant chunks are dotted one at a time here, though neighbours share words.
+// A workgroup is one subgroup owning ROWS
 // consecutive rows; per row, each lane dots its chunks, `subgroupAdd` gives the row's
 // sum, and lane j keeps row i0 + j's so that the lanes store WG rows at once.
 //

@@ -196,12 +196,15 @@ fn ks_paired(ty: GgmlType) -> bool {
 }
 
 /// Whether single tokens of a `Ks` or `KsU` product on rows of `n_cols` elements of
-/// `ty` run `mul_mat_ks1`: rows whose activations the subgroup holds in registers, of
-/// types walked one chunk at a time. Measured on lavapipe, batch 1 (docs/perf.md):
-/// 1.4-2x on long stacks of three-chunk rows, 1.3-1.6x on 1536 columns with six; on
-/// Q6_K and Q4_K pairs the kernel with its private array of row sums was faster.
+/// `ty` run `mul_mat_ks1`: rows whose activations the subgroup holds in registers.
+/// Measured on lavapipe, batch 1 (docs/perf.md): 1.4-2x on long stacks of three-chunk
+/// rows, 1.3-1.6x on 1536 columns with six; Q4_K and Q5_K, one chunk per slot though
+/// neighbouring chunks share words, 1.15-1.7x at 512-1536 columns. Q6_K, whose chunk
+/// alone takes six loads (four in a pair), gained nothing there and keeps `ks`.
 fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
-    matches!(v, Variant::Ks | Variant::KsU) && !ks_paired(ty) && ks1_slots(ctx, n_cols / 32) > 0
+    matches!(v, Variant::Ks | Variant::KsU)
+        && ty != GgmlType::Q6_K
+        && ks1_slots(ctx, n_cols / 32) > 0
 }
 
 /// Whether a single token's lanes in `Ks` walk contiguous runs of a row (`RUNS` in
