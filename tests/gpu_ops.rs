@@ -601,3 +601,47 @@ fn check_probs_row(
         );
     }
 }
+
+/// Reading back while polling (`Wait::Spin`) returns what blocking returns: with a cap
+/// long enough for the copy, with none (at once on to blocking), and behind a long run
+/// of dispatches still in flight when the wait starts.
+#[test]
+fn readback_waits_spinning_or_blocking() {
+    use std::time::Duration;
+    use wgllm::gpu::readback::{Readback, Wait};
+    for ctx in contexts() {
+        let data = Rng::new(11).vec(3000, 1.0);
+        let src = buffer_with_guard(ctx, &data, 0);
+        let rb = Readback::new(ctx, 4 * data.len() as u64);
+        for wait in [
+            Wait::Block,
+            Wait::Spin(Duration::from_secs(10)),
+            Wait::Spin(Duration::ZERO),
+        ] {
+            // 200 adds of the buffer onto itself before the copy: y = 201 x.
+            let y = buffer_with_guard(ctx, &data, 0);
+            let step = StepInfo::new(0, 1);
+            let sb = step_buffer(ctx, &step);
+            let n = data.len() as u32;
+            let adds: Vec<_> = (0..200)
+                .map(|_| wgllm::ops::add::gpu(ctx, &sb, &y, &src, n).expect("add"))
+                .collect();
+            let mut enc = ctx.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for d in &adds {
+                    d.record(&mut pass, &step);
+                }
+            }
+            rb.record(&mut enc, &y, 0, 4 * n as u64).expect("record");
+            ctx.queue.submit([enc.finish()]);
+            let got: Vec<f32> = rb.read_waiting(ctx, data.len(), wait).expect("read");
+            let want: Vec<f32> = data.iter().map(|x| x * 201.0).collect();
+            assert!(
+                nmse(&got, &want) < 1e-10,
+                "{wait:?} on {}: readback differs",
+                label(ctx)
+            );
+        }
+    }
+}

@@ -8,7 +8,7 @@ use super::config::Config;
 use super::graph::{self, Ops, Scratch};
 use super::weights::{self, ModelWeights};
 use crate::gguf::{GgufFile, TensorInfo};
-use crate::gpu::readback::Readback;
+use crate::gpu::readback::{Readback, Wait};
 use crate::gpu::upload::storage;
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::ops::attention::{Attention, Chunks};
@@ -348,6 +348,22 @@ impl Ops for Recorder<'_> {
         let d = ops::rms_norm::gpu(self.ctx, self.step, p, wb, x, n, 1, eps, Store::Add)?;
         self.plan.push(d);
         Ok(())
+    }
+}
+
+/// How long a single-token step on a CPU-hosted driver polls before it sleeps
+/// ([`Wait::Spin`]): longer than a decode step of the small models there (40-120 ms),
+/// short against one of a large model, whose long dispatches polling would slow.
+const SPIN_CAP: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// How the host waits for a step of `n_tokens`: polling for single tokens on CPU-hosted
+/// drivers, whose steps are hundreds of short dispatches, each waking the driver's
+/// worker threads; sleeping otherwise.
+fn step_wait(ctx: &GpuContext, n_tokens: u32) -> Wait {
+    if n_tokens == 1 && ctx.info.device_type == wgpu::DeviceType::Cpu {
+        Wait::Spin(SPIN_CAP)
+    } else {
+        Wait::Block
     }
 }
 
@@ -815,7 +831,9 @@ impl GpuModel {
         let bytes = (count * std::mem::size_of::<T>()) as u64;
         self.readback.record(&mut enc, out_buf, 0, bytes)?;
         self.ctx.queue.submit([enc.finish()]);
-        let out = self.readback.read(&self.ctx, count)?;
+        let out = self
+            .readback
+            .read_waiting(&self.ctx, count, step_wait(&self.ctx, n))?;
         if let Some(prof) = self.profiler.as_mut() {
             prof.collect(&self.ctx)?;
         }
