@@ -186,16 +186,16 @@ fn split_weights_give_the_same_logits() {
         .unwrap();
     let a = whole.step(&ids, 0, Logits::Last).unwrap();
     let b = split.step(&ids, 0, Logits::Last).unwrap();
-    assert_close_logits(&a, &b, "split");
+    assert_close_logits(&a, &b, "split", 1e-4);
 }
 
-/// `a` and `b` within 1e-4 of the largest logit, with the same greedy token.
-fn assert_close_logits(a: &[f32], b: &[f32], what: &str) {
+/// `a` and `b` within `rel` of the largest logit, with the same greedy token.
+fn assert_close_logits(a: &[f32], b: &[f32], what: &str, rel: f32) {
     assert_eq!(a.len(), b.len());
     let scale = a.iter().fold(0f32, |m, v| m.max(v.abs()));
     let diff = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     assert!(
-        diff <= 1e-4 * scale,
+        diff <= rel * scale,
         "{what} logits differ by {diff} (max |logit| {scale})"
     );
     let argmax = |v: &[f32]| {
@@ -231,19 +231,19 @@ fn few_storage_buffers_run_the_products_apart() {
     let ids = tok
         .encode("The capital of France is", false, false)
         .unwrap();
-    let max_diff =
-        |a: &[f32], b: &[f32]| a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    // The norms folded into the products, which sum the squares in another order, and
+    // the products' own sums in another order (the folded kernels walk a token's row
+    // in contiguous runs per lane, the tiles of eight in a stride): the same logits up
+    // to that rounding, carried through 30 layers (measured: 1.1e-4 and 2.0e-4 of the
+    // largest logit).
     let a = fused.step(&ids, 0, Logits::Last).unwrap();
     let b = apart.step(&ids, 0, Logits::Last).unwrap();
-    let diff = max_diff(&a, &b);
-    assert!(diff <= 1e-5, "logits differ by {diff}");
-    // A single-token step: one attention dispatch per layer against three, and the
-    // norms folded into the products, which sum the squares in another order: the same
-    // logits up to that rounding, carried through 30 layers.
+    assert_close_logits(&a, &b, "batch", 5e-4);
+    // A single-token step: one attention dispatch per layer against three as well.
     let next = [ids[0]];
     let a = fused.step(&next, ids.len() as u32, Logits::Last).unwrap();
     let b = apart.step(&next, ids.len() as u32, Logits::Last).unwrap();
-    assert_close_logits(&a, &b, "single-token");
+    assert_close_logits(&a, &b, "single-token", 5e-4);
 }
 
 #[test]

@@ -159,10 +159,9 @@ fn check_fused(
     }
 }
 
-/// A product with the norm before it folded into its single-token kernel
-/// (`mul_mat::gpu_normed`): y = W (rms_norm(x) * nw). Single tokens and the last token
-/// alone read the raw residual stream `x` and must not read `xn`, which then holds
-/// noise (a step of one token records no norm dispatch); batches read `xn`.
+/// A product with the norm before it folded into its kernels (`mul_mat::gpu_normed`):
+/// y = W (rms_norm(x) * nw), from the raw residual stream `x` (the step records no norm
+/// dispatch).
 fn check_normed(
     ctx: &GpuContext,
     ty: GgmlType,
@@ -184,16 +183,9 @@ fn check_normed(
     } else {
         upload_fused(ctx, ty, rows, n_cols, &ws)
     };
-    let batch_reads_xn = cols == Columns::All && n_tokens > 1;
-    let xn_bound = if batch_reads_xn {
-        xn.clone()
-    } else {
-        Rng::new(11).vec(xn.len(), 100.0)
-    };
     let step = StepInfo::new(0, n_tokens as u32);
     let sb = step_buffer(ctx, &step);
     let xb = buffer_with_guard(ctx, &x, 0);
-    let xnb = buffer_with_guard(ctx, &xn_bound, 0);
     let nwb = buffer_with_guard(ctx, &nw, 0);
     let out_tokens = if cols == Columns::Last { 1 } else { n_tokens };
     let ybs: Vec<_> = rows
@@ -207,7 +199,7 @@ fn check_normed(
         w: &nwb,
         eps,
     };
-    let d = mul_mat::gpu_normed(ctx, &sb, &gw, (&xnb, norm), &yrefs, &rows32, cols).expect("build");
+    let d = mul_mat::gpu_normed(ctx, &sb, &gw, norm, &yrefs, &rows32, cols).expect("build");
     run(ctx, &d, &step);
     for (i, &r) in rows.iter().enumerate() {
         let mut want = vec![0f32; r * n_tokens];
@@ -225,12 +217,12 @@ fn check_normed(
     }
 }
 
-/// The norm folded into single-token products, where the device runs them in
-/// `mul_mat_ks1`: types walked with and without contiguous runs, one output and three,
-/// single tokens, the last token of a batch, and batches (which read the norm's output
-/// instead). Elsewhere `gpu_normed` refuses.
+/// The norm folded into products, where the device runs them in `mul_mat_ks1`: types
+/// walked with and without contiguous runs, one output and three, single tokens, the
+/// last token of a batch, and batches (tiles of four and the tokens after them).
+/// Elsewhere `gpu_normed` refuses.
 #[test]
-fn norm_folded_into_single_tokens() {
+fn norm_folded_into_products() {
     let mut folded = 0;
     for ctx in contexts() {
         for (ty, n_cols) in [
@@ -249,7 +241,7 @@ fn norm_folded_into_single_tokens() {
                     w: &b,
                     eps: 1e-5,
                 };
-                let r = mul_mat::gpu_normed(ctx, &sb, &gw, (&b, norm), &[&b], &[3], Columns::All);
+                let r = mul_mat::gpu_normed(ctx, &sb, &gw, norm, &[&b], &[3], Columns::All);
                 assert!(
                     r.is_err(),
                     "{ty} on {}: folded where it does not fit",
@@ -261,7 +253,9 @@ fn norm_folded_into_single_tokens() {
             check_normed(ctx, ty, &[67], n_cols, 1, Columns::All);
             check_normed(ctx, ty, &[67], n_cols, 5, Columns::Last);
             check_normed(ctx, ty, &[67], n_cols, 9, Columns::All);
+            check_normed(ctx, ty, &[67], n_cols, 8, Columns::All);
             check_normed(ctx, ty, &[70, 33, 33], n_cols, 1, Columns::All);
+            check_normed(ctx, ty, &[70, 33, 33], n_cols, 6, Columns::All);
         }
     }
     // lavapipe runs `ks` with 8-lane subgroups: the folded kernel must have run there.

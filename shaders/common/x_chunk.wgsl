@@ -37,3 +37,12 @@ fn x_sum(xc: array<vec4<f32>, 8>) -> f32 {
     let s = xc[0] + xc[1] + xc[2] + xc[3] + xc[4] + xc[5] + xc[6] + xc[7];
     return s.x + s.y + s.z + s.w;
 }
+
+// A decoded chunk dotted with a chunk of activations (tiles decode once per row).
+fn vdot32(v: array<vec4<f32>, 8>, xc: array<vec4<f32>, 8>) -> f32 {
+    var s = dot(v[0], xc[0]) + dot(v[1], xc[1]);
+    s += dot(v[2], xc[2]) + dot(v[3], xc[3]);
+    s += dot(v[4], xc[4]) + dot(v[5], xc[5]);
+    s += dot(v[6], xc[6]) + dot(v[7], xc[7]);
+    return s;
+}

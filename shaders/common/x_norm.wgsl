@@ -1,6 +1,6 @@
-// The norm `mul_mat_ks1` folds into a single token's product: its activations are the
-// residual stream, and the kernel computes rms_norm(x) * nw itself (`ops::mul_mat::Norm`),
-// so a single-token step records no norm dispatch of its own.
+// The norm `mul_mat_ks1` folds into its product: its activations are the residual
+// stream, and the kernel computes rms_norm(x) * nw itself (`ops::mul_mat::Norm`), so the
+// step records no norm dispatch of its own.
 
 const NORM: bool = true;
 

@@ -46,15 +46,6 @@ override RUNS: bool = true;
 // Tokens per tile (two vec4 accumulators per row).
 const TILE: u32 = 8u;
 
-// A decoded chunk dotted with a chunk of activations (tiles decode once per row).
-fn vdot32(v: array<vec4<f32>, 8>, xc: array<vec4<f32>, 8>) -> f32 {
-    var s = dot(v[0], xc[0]) + dot(v[1], xc[1]);
-    s += dot(v[2], xc[2]) + dot(v[3], xc[3]);
-    s += dot(v[4], xc[4]) + dot(v[5], xc[5]);
-    s += dot(v[6], xc[6]) + dot(v[7], xc[7]);
-    return s;
-}
-
 // Lane l's share of the items begin .. end as (first, end, step), per RUNS.
 fn lane_walk(begin: u32, end: u32, l: u32) -> vec3<u32> {
     if (!RUNS) {

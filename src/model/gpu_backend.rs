@@ -40,10 +40,9 @@ struct Recorder<'a> {
 }
 
 /// A norm of the residual stream (one row per token) whose readers are still being
-/// recorded. Products that read its output may fold it into their single-token kernels
+/// recorded. Products that read its output may fold it into their kernels
 /// (`ops::mul_mat::gpu_normed`); once the next other op is recorded, the norm is
-/// settled: kept for every step if a reader did not fold it, for batches only if the
-/// folded readers' batches still read its output, or dropped.
+/// settled: kept if a reader did not fold it, dropped otherwise.
 struct PendingNorm {
     /// Its index in the plan.
     at: usize,
@@ -57,8 +56,6 @@ struct PendingNorm {
     folded: bool,
     /// Whether a product read its output without folding it.
     unfolded: bool,
-    /// Whether a folded reader runs batches, which read the norm's output.
-    batches: bool,
 }
 
 impl<'a> Recorder<'a> {
@@ -70,10 +67,7 @@ impl<'a> Recorder<'a> {
         if p.unfolded || !p.folded {
             return;
         }
-        let d = self.plan.remove(p.at);
-        if p.batches {
-            self.plan.insert(p.at, d.gated(|s| s.n_tokens > 1));
-        }
+        self.plan.remove(p.at);
     }
 
     /// Whether a product of `w` reading `x` into `ys` folds the pending norm in. If it
@@ -115,9 +109,8 @@ impl<'a> Recorder<'a> {
             w: &p.w,
             eps: p.eps,
         };
-        let d = ops::mul_mat::gpu_normed(self.ctx, self.step, w, (&p.y, norm), ys, rows, cols)?;
+        let d = ops::mul_mat::gpu_normed(self.ctx, self.step, w, norm, ys, rows, cols)?;
         p.folded = true;
-        p.batches |= cols == Columns::All;
         self.plan.extend(d);
         Ok(())
     }
@@ -194,7 +187,6 @@ impl Ops for Recorder<'_> {
                 eps,
                 folded: false,
                 unfolded: false,
-                batches: false,
             });
         }
         self.plan.push(d);

@@ -75,15 +75,6 @@ impl Dispatch {
         pass.dispatch_workgroups(x, y, z);
     }
 
-    /// This dispatch in the steps where `on` holds, an empty grid in the others.
-    pub fn gated(self, on: impl Fn(&StepInfo) -> bool + Send + Sync + 'static) -> Dispatch {
-        let grid = self.grid;
-        Dispatch {
-            grid: Box::new(move |s| if on(s) { grid(s) } else { [0, 1, 1] }),
-            ..self
-        }
-    }
-
     pub fn grid(&self, step: &StepInfo) -> [u32; 3] {
         (self.grid)(step)
     }

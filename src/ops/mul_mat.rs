@@ -226,44 +226,52 @@ pub(crate) fn pipeline(
     kernel_pipeline(ctx, ty, v, memory, None)
 }
 
-/// The pipeline of variant `v`, or with `Some((slots, normed))` its single-token kernel
-/// holding `slots` chunks per lane (`mul_mat_ks1`, for `Ks` and `KsU` only), folding
-/// the norm before the product in when `normed` (`mul_mat_ks1n`, `Ks` only).
+/// How a `mul_mat_ks1` kernel is built.
+#[derive(Clone, Copy, Debug)]
+struct Ks1 {
+    /// Chunks per lane ([`ks1_slots`]).
+    slots: u32,
+    /// Whether it folds in the norm before the product (`mul_mat_ks1n`, `Ks` only).
+    normed: bool,
+    /// Whether it runs batches in tiles of four tokens (`TILE`), or one token at a time.
+    tile: bool,
+}
+
+/// The pipeline of variant `v`, or with `Some(ks1)` its `mul_mat_ks1` kernel (`Ks` and
+/// `KsU` only).
 fn kernel_pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
     memory: WeightMemory,
-    single: Option<(u32, bool)>,
+    ks1: Option<Ks1>,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
-    let shader = match (single, v) {
+    let normed = ks1.is_some_and(|k| k.normed);
+    let shader = match (ks1, v) {
         (None, v) => v.shader(),
-        (Some((_, false)), Variant::Ks) => "mul_mat_ks1",
-        (Some((_, true)), Variant::Ks) => "mul_mat_ks1n",
-        (Some((_, false)), Variant::KsU) => "mul_mat_ks1u",
+        (Some(k), Variant::Ks) if k.normed => "mul_mat_ks1n",
+        (Some(_), Variant::Ks) => "mul_mat_ks1",
+        (Some(k), Variant::KsU) if !k.normed => "mul_mat_ks1u",
         (Some(_), v) => {
             return Err(Error::gpu(format!(
-                "mul_mat variant {} has no single-token kernel{}",
+                "mul_mat variant {} has no mul_mat_ks1 kernel{}",
                 v.name(),
-                if single.is_some_and(|s| s.1) {
-                    " with a norm"
-                } else {
-                    ""
-                }
+                if normed { " with a norm" } else { "" }
             )))
         }
     };
     let label = format!("{shader}_{ty}{}", form.suffix());
     // Whether a product replaces its output or is added to it is a parameter
     // (`Params::acc`), not a constant: one pipeline serves both.
-    let consts: Vec<(&str, f64)> = match (v, single) {
-        (Variant::Ks | Variant::KsU, Some((slots, _))) => vec![
+    let consts: Vec<(&str, f64)> = match (v, ks1) {
+        (Variant::Ks | Variant::KsU, Some(k)) => vec![
             ("WG", ctx.subgroup_min_size as f64),
             ("RUNS", ks_runs(ty) as u8 as f64),
-            ("SLOTS", slots as f64),
+            ("SLOTS", k.slots as f64),
+            ("TILE", k.tile as u8 as f64),
         ],
         (Variant::Row, _) => vec![("WG", WG as f64)],
         (Variant::Win | Variant::WinU, _) => {
@@ -282,7 +290,7 @@ fn kernel_pipeline(
     if !fused {
         layout.truncate(6);
     }
-    if single.is_some_and(|s| s.1) {
+    if normed {
         // The norm's weight (common/x_norm.wgsl).
         layout.push(Binding::Read);
     }
@@ -314,9 +322,10 @@ impl Steps {
 }
 
 /// The kernels of a product of `cols` and the steps each runs in: the variant's, or
-/// where [`ks1_fits`], `mul_mat_ks1` for single tokens and the tiled kernel for
-/// batches, which a product of the last token alone never compiles. With `normed`, the
-/// single-token kernel folds in the norm before the product ([`folds_norm`]).
+/// where [`ks1_fits`], `mul_mat_ks1` for single tokens and for batches its build with
+/// tiles of four tokens (`Ks`; `KsU` batches run its own tiles), which a product of
+/// the last token alone never compiles. With `normed`, both fold in the norm before the
+/// product ([`folds_norm`]).
 fn kernels(
     ctx: &GpuContext,
     (ty, n_cols, memory): (GgmlType, u64, WeightMemory),
@@ -333,10 +342,21 @@ fn kernels(
         }
         return Ok(vec![(pipeline(ctx, ty, v, memory)?, Steps::Every)]);
     }
-    let slots = Some((ks1_slots(ctx, n_cols / 32), normed));
-    let mut k = vec![(kernel_pipeline(ctx, ty, v, memory, slots)?, Steps::One)];
+    let one = Ks1 {
+        slots: ks1_slots(ctx, n_cols / 32),
+        normed,
+        tile: false,
+    };
+    let mut k = vec![(kernel_pipeline(ctx, ty, v, memory, Some(one))?, Steps::One)];
     if cols == Columns::All {
-        k.push((pipeline(ctx, ty, v, memory)?, Steps::Several));
+        let batches = match v {
+            Variant::Ks => {
+                let tiled = Ks1 { tile: true, ..one };
+                kernel_pipeline(ctx, ty, v, memory, Some(tiled))?
+            }
+            _ => pipeline(ctx, ty, v, memory)?,
+        };
+        k.push((batches, Steps::Several));
     }
     Ok(k)
 }
@@ -562,11 +582,11 @@ pub fn gpu_rows_variant(
     gpu_out(ctx, v, step, w, x, &out, Columns::All, None)
 }
 
-/// The norm a product folds into its single-token kernel (`mul_mat_ks1n`): instead of
-/// reading `rms_norm(x) * w` from a buffer a norm dispatch wrote, the kernel reads the
-/// residual stream `x` and normalises it itself. A step of one token then needs no norm
-/// dispatch before the product (on CPU-hosted drivers each dispatch costs tens of
-/// microseconds whatever its size); batches still read the norm's output.
+/// The norm a product folds into its kernels (`mul_mat_ks1n`): instead of reading
+/// `rms_norm(x) * w` from a buffer a norm dispatch wrote, the kernel reads the residual
+/// stream `x` and normalises it itself, so the step needs no norm dispatch before the
+/// product (on CPU-hosted drivers each dispatch costs tens of microseconds whatever its
+/// size).
 #[derive(Clone, Copy)]
 pub struct Norm<'a> {
     /// The residual stream, [n_cols, n_tokens].
@@ -577,8 +597,8 @@ pub struct Norm<'a> {
 }
 
 /// Whether products of rows of `n_cols` elements of `ty` held in `memory` can fold the
-/// norm before them into their single-token kernel ([`gpu_normed`]): where they run
-/// `mul_mat_ks1` in the `Ks` variant and the device binds the norm's weight too.
+/// norm before them into their kernels ([`gpu_normed`]): where they run `mul_mat_ks1`
+/// in the `Ks` variant and the device binds the norm's weight too.
 pub fn folds_norm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, memory: WeightMemory) -> bool {
     let v = variant(ctx, ty).and_then(|v| resolve(ctx, v, ty, n_cols, memory));
     ctx.fused_outputs()
@@ -590,13 +610,13 @@ pub fn folds_norm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, memory: WeightMem
 }
 
 /// ys[i] = rows `rows[i]` of W xn (one output: `ys = [y]`, `rows = [n_rows]`), where
-/// xn = rms_norm(norm.x) * norm.w is in `xn` for batches and computed by the kernel
-/// itself for single tokens ([`Norm`]; only where [`folds_norm`]).
+/// xn = rms_norm(norm.x) * norm.w is computed by the kernels themselves ([`Norm`]; only
+/// where [`folds_norm`]).
 pub fn gpu_normed(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
     w: &GpuTensor,
-    (xn, norm): (&wgpu::Buffer, Norm<'_>),
+    norm: Norm<'_>,
     ys: &[&wgpu::Buffer],
     rows: &[u32],
     cols: Columns,
@@ -611,7 +631,7 @@ pub fn gpu_normed(
         [y] => Outputs::plain(ctx, y, w.n_rows(), Store::Write),
         _ => Outputs::fused(ctx, ys, rows)?,
     };
-    gpu_out(ctx, Variant::Ks, step, w, xn, &out, cols, Some(norm))
+    gpu_out(ctx, Variant::Ks, step, w, norm.x, &out, cols, Some(norm))
 }
 
 /// Where a dispatch's products go: up to three buffers and the rows of each.
@@ -692,9 +712,6 @@ fn gpu_out(
     for (pipe, steps) in kernels(ctx, shape, v, cols, norm.is_some())? {
         let on = move |s: &StepInfo| steps.admits(s, cols);
         let every_token = (0, u32::MAX);
-        // The single-token kernel normalises the residual stream itself; batches read
-        // the norm's output.
-        let norm = norm.filter(|_| steps == Steps::One);
         plan.extend(part_dispatches(
             ctx,
             (v, &pipe),
