@@ -56,11 +56,7 @@ fn check_mul_mat(
 ) {
     let w = weight(ty, n_rows, n_cols, (n_rows * 31 + n_cols) as u64);
     let x = Rng::new(7).vec(n_cols * n_tokens, 1.0);
-    let mut want = vec![0f32; n_rows * n_tokens];
-    mul_mat::reference(ty, &w, n_rows, n_cols, &x, n_tokens, &mut want).expect("reference");
-    if cols == Columns::Last {
-        want = want[(n_tokens - 1) * n_rows..].to_vec();
-    }
+    let want = mul_mat_want(ty, &w, (n_rows, n_cols), &x, n_tokens, cols);
     let gw = upload(ctx, ty, n_rows, n_cols, &w);
     let step = StepInfo::new(0, n_tokens as u32);
     let sb = step_buffer(ctx, &step);

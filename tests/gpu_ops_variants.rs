@@ -81,11 +81,7 @@ fn check_store(
 ) {
     let w = weight(ty, n_rows, n_cols, (n_rows * 17 + n_cols) as u64);
     let x = Rng::new(5).vec(n_cols * n_tokens, 1.0);
-    let mut want = vec![0f32; n_rows * n_tokens];
-    mul_mat::reference(ty, &w, n_rows, n_cols, &x, n_tokens, &mut want).expect("reference");
-    if cols == Columns::Last {
-        want = want[(n_tokens - 1) * n_rows..].to_vec();
-    }
+    let mut want = mul_mat_want(ty, &w, (n_rows, n_cols), &x, n_tokens, cols);
     let y0 = match store {
         Store::Write => vec![0.0; want.len()],
         Store::Add => Rng::new(9).vec(want.len(), 1.0),
@@ -146,8 +142,7 @@ fn check_fused(
     let d = mul_mat::gpu_rows_variant(ctx, v, &sb, &gw, &xb, &yrefs, &rows32).expect("build");
     run(ctx, &d, &step);
     for (i, &r) in rows.iter().enumerate() {
-        let mut want = vec![0f32; r * n_tokens];
-        mul_mat::reference(ty, &ws[i], r, n_cols, &x, n_tokens, &mut want).expect("reference");
+        let want = mul_mat_want(ty, &ws[i], (r, n_cols), &x, n_tokens, Columns::All);
         let got = read_checked(ctx, &ybs[i], want.len(), 64);
         let e = nmse(&got, &want);
         assert!(
@@ -202,11 +197,7 @@ fn check_normed(
     let d = mul_mat::gpu_normed(ctx, &sb, &gw, norm, &yrefs, &rows32, cols).expect("build");
     run(ctx, &d, &step);
     for (i, &r) in rows.iter().enumerate() {
-        let mut want = vec![0f32; r * n_tokens];
-        mul_mat::reference(ty, &ws[i], r, n_cols, &xn, n_tokens, &mut want).expect("reference");
-        if cols == Columns::Last {
-            want = want[(n_tokens - 1) * r..].to_vec();
-        }
+        let want = mul_mat_want(ty, &ws[i], (r, n_cols), &xn, n_tokens, cols);
         let got = read_checked(ctx, &ybs[i], want.len(), 64);
         let e = nmse(&got, &want);
         assert!(

@@ -130,6 +130,56 @@ fn slot_dot(row_byte: u32, s: Slot) -> f32 {
     return s.on * wdot32(row_byte, s.c, s.x, s.xs);
 }
 
+// Row `rb` dotted with a lane's slots: those past SLOTS fold away. (WGSL has no generic
+// functions: `row_dot4` is the same sum over the four tokens' slots.)
+fn row_dot(rb: u32, s0: Slot, s1: Slot, s2: Slot, s3: Slot, s4: Slot, s5: Slot) -> f32 {
+    var v = slot_dot(rb, s0);
+    if (SLOTS > 1u) {
+        v += slot_dot(rb, s1);
+    }
+    if (SLOTS > 2u) {
+        v += slot_dot(rb, s2);
+    }
+    if (SLOTS > 3u) {
+        v += slot_dot(rb, s3);
+    }
+    if (SLOTS > 4u) {
+        v += slot_dot(rb, s4);
+    }
+    if (SLOTS > 5u) {
+        v += slot_dot(rb, s5);
+    }
+    return v;
+}
+
+fn row_dot4(
+    rb: u32,
+    s0: Slot4,
+    s1: Slot4,
+    s2: Slot4,
+    s3: Slot4,
+    s4: Slot4,
+    s5: Slot4,
+) -> vec4<f32> {
+    var v = slot4_dot(rb, s0);
+    if (SLOTS > 1u) {
+        v += slot4_dot(rb, s1);
+    }
+    if (SLOTS > 2u) {
+        v += slot4_dot(rb, s2);
+    }
+    if (SLOTS > 3u) {
+        v += slot4_dot(rb, s3);
+    }
+    if (SLOTS > 4u) {
+        v += slot4_dot(rb, s4);
+    }
+    if (SLOTS > 5u) {
+        v += slot4_dot(rb, s5);
+    }
+    return v;
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -164,23 +214,7 @@ fn main(
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = vec4<f32>();
             for (var j = 0u; j < min(WG, nr - i0); j++) {
-                let rb = (r0 + i0 + j) * p.row_bytes;
-                var v = slot4_dot(rb, s0);
-                if (SLOTS > 1u) {
-                    v += slot4_dot(rb, s1);
-                }
-                if (SLOTS > 2u) {
-                    v += slot4_dot(rb, s2);
-                }
-                if (SLOTS > 3u) {
-                    v += slot4_dot(rb, s3);
-                }
-                if (SLOTS > 4u) {
-                    v += slot4_dot(rb, s4);
-                }
-                if (SLOTS > 5u) {
-                    v += slot4_dot(rb, s5);
-                }
+                let v = row_dot4((r0 + i0 + j) * p.row_bytes, s0, s1, s2, s3, s4, s5);
                 mine = select(mine, subgroupAdd(v), l == j);
             }
             if (i0 + l < nr) {
@@ -204,23 +238,7 @@ fn main(
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = 0.0;
             for (var j = 0u; j < min(WG, nr - i0); j++) {
-                let rb = (r0 + i0 + j) * p.row_bytes;
-                var v = slot_dot(rb, s0);
-                if (SLOTS > 1u) {
-                    v += slot_dot(rb, s1);
-                }
-                if (SLOTS > 2u) {
-                    v += slot_dot(rb, s2);
-                }
-                if (SLOTS > 3u) {
-                    v += slot_dot(rb, s3);
-                }
-                if (SLOTS > 4u) {
-                    v += slot_dot(rb, s4);
-                }
-                if (SLOTS > 5u) {
-                    v += slot_dot(rb, s5);
-                }
+                let v = row_dot((r0 + i0 + j) * p.row_bytes, s0, s1, s2, s3, s4, s5);
                 mine = select(mine, subgroupAdd(v), l == j);
             }
             if (i0 + l < nr) {

@@ -79,7 +79,7 @@ pub enum Wait {
     /// once (virtual machines without halt polling) each wake-up costs tens of
     /// microseconds. A host thread that stays runnable keeps a core awake for them.
     /// Measured on lavapipe, single-token steps alternated in one process: SmolLM2
-    /// 0.88-0.90x and Gemma 3 0.89-0.95x the time. Long dispatches lose instead (a
+    /// 0.84-0.85x and Gemma 3 0.88-0.95x the time (docs/perf.md). Long dispatches lose instead (a
     /// 64-token prompt step 1.14-1.38x slower: the polling thread takes time from the
     /// workers), hence the cap and only single tokens (`model::gpu_backend`).
     Spin(std::time::Duration),

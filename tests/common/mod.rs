@@ -151,3 +151,22 @@ pub fn label(ctx: &GpuContext) -> String {
     };
     format!("{} ({:?}{tex})", ctx.info.name, ctx.info.backend)
 }
+
+/// The CPU reference of a product of W (`n_rows` rows of `n_cols` elements of `ty`) with
+/// `n_tokens` tokens of `x`: every token's rows, or for `Columns::Last` the last one's.
+pub fn mul_mat_want(
+    ty: wgllm::quant::GgmlType,
+    w: &[u8],
+    (n_rows, n_cols): (usize, usize),
+    x: &[f32],
+    n_tokens: usize,
+    cols: wgllm::ops::mul_mat::Columns,
+) -> Vec<f32> {
+    let mut want = vec![0f32; n_rows * n_tokens];
+    wgllm::ops::mul_mat::reference(ty, w, n_rows, n_cols, x, n_tokens, &mut want)
+        .expect("reference");
+    if cols == wgllm::ops::mul_mat::Columns::Last {
+        want.drain(..(n_tokens - 1) * n_rows);
+    }
+    want
+}
