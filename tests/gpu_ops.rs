@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use wgllm::gguf::TensorInfo;
 use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
-use wgllm::ops::attention::{self, Attention, Chunks};
+use wgllm::ops::attention::{self, Attention, AttnTextures, Chunks};
 use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns};
 use wgllm::ops::rope::{Rope, RopeMode};
@@ -478,6 +478,12 @@ fn attention_gqa_window_batches() {
             (64, 9, 3, 0, 37, 1),
             (256, 4, 1, 8, 20, 6),
             (32, 4, 4, 0, 3, 70),
+            // A head size that is an odd multiple of 4 (scores read its last four
+            // dimensions apart, and never from textures); Q and K of more than one row
+            // of texels (4096 x 16 bytes).
+            (12, 3, 1, 0, 5, 7),
+            (64, 9, 3, 0, 0, 40),
+            (64, 9, 3, 0, 200, 9),
             // Single tokens: a sliding window, the first position, and a context past
             // what the one-dispatch decode kernel covers.
             (256, 4, 1, 8, 20, 1),
@@ -538,7 +544,19 @@ fn attention_gqa_window_batches() {
                 tokens: 3,
                 count: toks.div_ceil(3) + 1,
             };
-            for chunks in [Chunks::one(toks), threes] {
+            // Batches' scores from Q and K in their buffers, and where the device
+            // reads them from textures, from there.
+            let tex = AttnTextures::new(ctx, &attn, toks, n_ctx).unwrap();
+            let texs: Vec<Option<&AttnTextures>> = [None, tex.as_ref()]
+                .into_iter()
+                .enumerate()
+                .filter(|(i, t)| *i == 0 || t.is_some())
+                .map(|(_, t)| t)
+                .collect();
+            for (chunks, tex) in [Chunks::one(toks), threes]
+                .into_iter()
+                .flat_map(|c| texs.iter().map(move |t| (c, *t)))
+            {
                 // Rows of whole vec4s (`attention::probs_row`).
                 let probs_len = (nh * chunks.tokens) as usize * n_kv.next_multiple_of(4);
                 let probs = buffer_with_guard(ctx, &vec![0.0; probs_len], 16);
@@ -550,7 +568,7 @@ fn attention_gqa_window_batches() {
                 let mut d =
                     vec![kv_store::gpu(ctx, &sb, &knb, &vnb, &kb, &vb, kv_dim, n_ctx).unwrap()];
                 d.extend(
-                    attn.gpu(ctx, &sb, &qb, &kb, &vb, &probs, &ob, chunks)
+                    attn.gpu(ctx, &sb, &qb, &kb, &vb, &probs, &ob, chunks, tex)
                         .unwrap(),
                 );
                 run(ctx, &d, &step);
@@ -562,7 +580,8 @@ fn attention_gqa_window_batches() {
                 assert!(
                     e < 1e-10,
                     "attention hd={hd} nh={nh}/{nkv} w={window} pos={pos} x{toks} {chunks:?} \
-                     on {}: {e:e}",
+                     textures {} on {}: {e:e}",
+                    tex.is_some(),
                     label(ctx)
                 );
             }

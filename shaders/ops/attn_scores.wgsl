@@ -8,8 +8,10 @@
 // its tokens' positions only writes the mask. TT is 1 for single-token steps (a tile of
 // several tokens would be wasted there) and 4 for batches.
 //
-// q: [head_dim, n_head, n_tokens]; k_cache: [head_dim, n_head_kv, n_ctx] f16, four
-// halves per vec2<u32> (head_dim is a multiple of 4)
+// Q and K come through `q4`/`q8` and `k4`/`k8` (common/attn_qk_buffer.wgsl, or
+// common/attn_qk_texture.wgsl for the batch build that reads them from textures),
+// eight dimensions at a time and four for a head size that is an odd multiple of 4.
+// q: [head_dim, n_head, n_tokens]; k_cache: [head_dim, n_head_kv, n_ctx] f16
 // scores: [probs_stride(), tn, n_head] f32, row t - t0; entries n_kv .. probs_stride() hold
 // the mask
 
@@ -26,8 +28,6 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> scores: array<f32>;
 
 override WG: u32 = 64u;
@@ -58,16 +58,24 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     var acc: array<array<f32, TT>, TK>;
     let last_pos = step.pos + min(p.t0 + r0 + TT, t_end) - 1u;
     if (j0 <= last_pos) {
-        for (var i = 0u; i < d4; i++) {
-            var qv: array<vec4<f32>, TT>;
+        for (var i = 0u; i + 1u < d4; i += 2u) {
+            var qv: array<array<vec4<f32>, 2>, TT>;
             for (var k = 0u; k < TT; k++) {
-                qv[k] = q[qb[k] + i];
+                qv[k] = q8(qb[k] + i);
             }
             for (var kk = 0u; kk < TK; kk++) {
-                let k4 = k_cache[kb[kk] + i];
-                let kf = vec4<f32>(unpack2x16float(k4.x), unpack2x16float(k4.y));
+                let kf = k8(kb[kk] + i);
                 for (var k = 0u; k < TT; k++) {
-                    acc[kk][k] += dot(qv[k], kf);
+                    acc[kk][k] += dot(qv[k][0], kf[0]) + dot(qv[k][1], kf[1]);
+                }
+            }
+        }
+        if ((d4 & 1u) != 0u) {
+            let i = d4 - 1u;
+            for (var kk = 0u; kk < TK; kk++) {
+                let kf = k4(kb[kk] + i);
+                for (var k = 0u; k < TT; k++) {
+                    acc[kk][k] += dot(q4(qb[k] + i), kf);
                 }
             }
         }

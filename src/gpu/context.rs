@@ -391,6 +391,13 @@ impl GpuContext {
         }
     }
 
+    /// Whether batches' attention reads Q and K from textures (`ops::attention::
+    /// AttnTextures`): where matrices live in textures unless a tuning file says
+    /// otherwise per type, that is where forced or by default.
+    pub fn attention_in_textures(&self) -> bool {
+        self.forced_weights.unwrap_or_else(|| self.default_memory()) == WeightMemory::Texture
+    }
+
     /// Largest range one storage binding may cover, in bytes.
     pub fn max_binding(&self) -> u64 {
         let device = self

@@ -85,6 +85,7 @@ impl Profiler {
         for d in dispatches {
             let i = self.pending.len() as u32 * 2;
             let timed = i + 1 < self.capacity && !d.grid(info).contains(&0);
+            d.record_copies(enc, info);
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(&d.label),
                 timestamp_writes: timed.then_some(wgpu::ComputePassTimestampWrites {

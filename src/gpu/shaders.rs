@@ -23,6 +23,9 @@ const ROPE_ANGLE: &str = wgsl!("common/rope_angle.wgsl");
 const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
 const ATTN_V: &str = wgsl!("common/attn_v.wgsl");
 const ATTN_MASK: &str = wgsl!("common/attn_mask.wgsl");
+/// Where `attn_scores` reads Q and K: their storage buffers, or textures copied from them.
+const ATTN_QK_BUFFER: &str = wgsl!("common/attn_qk_buffer.wgsl");
+const ATTN_QK_TEXTURE: &str = wgsl!("common/attn_qk_texture.wgsl");
 /// The same reductions for workgroups of one subgroup (the `_sg` kernels).
 const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
@@ -52,12 +55,17 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "attn_scores",
-        &[STEP, TT1, ATTN_MASK],
+        &[STEP, TT1, ATTN_MASK, ATTN_QK_BUFFER],
         wgsl!("ops/attn_scores.wgsl"),
     ),
     (
         "attn_scores_t4",
-        &[STEP, TT4, ATTN_MASK],
+        &[STEP, TT4, ATTN_MASK, ATTN_QK_BUFFER],
+        wgsl!("ops/attn_scores.wgsl"),
+    ),
+    (
+        "attn_scores_t4_tex",
+        &[STEP, TT4, ATTN_MASK, ATTN_QK_TEXTURE],
         wgsl!("ops/attn_scores.wgsl"),
     ),
     ("softmax", &[STEP, REDUCE], wgsl!("ops/softmax.wgsl")),

@@ -358,6 +358,69 @@ fn upload_rows(
     Ok(PartMemory::Texture(texture, view))
 }
 
+/// A texture of [`weight_texture`]'s shape holding at least `bytes` bytes, which kernels
+/// read through texel loads after [`copy_to_texture`] fills it from a buffer each step.
+pub fn scratch_texture(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Texture> {
+    let height = bytes.max(1).div_ceil(TEX_W as u64 * TEXEL_BYTES);
+    let max = ctx.limits.max_texture_dimension_2d;
+    if height > max as u64 {
+        return Err(Error::gpu(format!(
+            "texture {label} needs {height} rows of {TEX_W} texels, over the device's {max}; \
+             lower -c (context) or -b (batch)"
+        )));
+    }
+    ctx.scoped(&format!("allocating {label}"), || {
+        weight_texture(ctx, label, height as u32)
+    })
+}
+
+/// Record a copy of the first `bytes` bytes of `src` (a multiple of 16, within both)
+/// into `dst` from texel 0 on, row-major as [`scratch_texture`] lays them out: the
+/// whole rows in one copy and the rest of the last row in another, so that `src` need
+/// not hold whole rows.
+pub fn copy_to_texture(
+    enc: &mut wgpu::CommandEncoder,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Texture,
+    bytes: u64,
+) {
+    let row = TEX_W as u64 * TEXEL_BYTES;
+    let (rows, rest) = (bytes / row, (bytes % row) / TEXEL_BYTES);
+    let copy = |enc: &mut wgpu::CommandEncoder, y: u64, width: u64, height: u64| {
+        enc.copy_buffer_to_texture(
+            wgpu::TexelCopyBufferInfo {
+                buffer: src,
+                layout: wgpu::TexelCopyBufferLayout {
+                    offset: y * row,
+                    bytes_per_row: Some(row as u32),
+                    rows_per_image: None,
+                },
+            },
+            wgpu::TexelCopyTextureInfo {
+                texture: dst,
+                mip_level: 0,
+                origin: wgpu::Origin3d {
+                    x: 0,
+                    y: y as u32,
+                    z: 0,
+                },
+                aspect: wgpu::TextureAspect::All,
+            },
+            wgpu::Extent3d {
+                width: width as u32,
+                height: height as u32,
+                depth_or_array_layers: 1,
+            },
+        );
+    };
+    if rows > 0 {
+        copy(enc, 0, TEX_W as u64, rows);
+    }
+    if rest > 0 {
+        copy(enc, rows, rest, 1);
+    }
+}
+
 /// An rgba32uint texture [`TEX_W`] texels wide and `height` rows high, to be written by
 /// copies and read by `textureLoad`: the kernels bind it as a read-only storage texture
 /// (no sampler state, no mip levels to address); the bench's probes also read it

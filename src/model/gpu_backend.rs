@@ -11,7 +11,7 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::readback::{Readback, Wait};
 use crate::gpu::upload::storage;
 use crate::gpu::{GpuContext, GpuTensor};
-use crate::ops::attention::{Attention, Chunks};
+use crate::ops::attention::{Attention, AttnTextures, Chunks};
 use crate::ops::glu::Activation;
 use crate::ops::mul_mat::Columns;
 use crate::ops::rope::Rope;
@@ -29,6 +29,7 @@ struct Recorder<'a> {
     kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
     probs: &'a wgpu::Buffer,
     chunks: Chunks,
+    attn_tex: Option<&'a AttnTextures>,
     /// When set, each layer's last-token attention is kept here ([n_ctx, n_head, n_layer]).
     capture: Option<&'a wgpu::Buffer>,
     n_head: u32,
@@ -134,7 +135,8 @@ impl<'a> Recorder<'a> {
         attn: &Attention,
     ) -> Result<()> {
         let [kc, vc] = self.cache(il)?;
-        let d = attn.gpu(self.ctx, self.step, q, kc, vc, self.probs, out, self.chunks)?;
+        let (probs, tex) = (self.probs, self.attn_tex);
+        let d = attn.gpu(self.ctx, self.step, q, kc, vc, probs, out, self.chunks, tex)?;
         self.plan.extend(d);
         if let Some(cap) = self.capture {
             let offset = il as u32 * self.n_head * self.n_ctx;
@@ -403,6 +405,9 @@ pub struct GpuModel {
     pub(crate) probs: wgpu::Buffer,
     /// How a batch's attention is cut to fit `probs`.
     pub(crate) chunks: Chunks,
+    /// Where batches' attention scores read Q and K, on devices that read them faster
+    /// from textures.
+    pub(crate) attn_tex: Option<AttnTextures>,
     /// Last-token attention of every layer, when asked for at load.
     pub(crate) capture: Option<wgpu::Buffer>,
     /// Embedding and layers.
@@ -560,6 +565,8 @@ impl GpuModel {
             ));
         }
         let probs = storage(&ctx, "attn_probs", chunks.probs_bytes(cfg.n_head, n_ctx))?;
+        let attn_tex =
+            AttnTextures::new(&ctx, &graph::attention_of(c, 0, n_ctx), max_batch, n_ctx)?;
         let step = ops::uniform(&ctx, "step", &StepInfo::default());
         let ids = storage(&ctx, "ids", max_batch as u64 * 4)?;
         let logits_last = storage(&ctx, "logits", act_bytes(c.n_vocab, 1))?;
@@ -589,6 +596,7 @@ impl GpuModel {
             kv,
             probs,
             chunks,
+            attn_tex,
             capture,
             readback,
             layers,
@@ -622,6 +630,7 @@ impl GpuModel {
             kv: &self.kv,
             probs: &self.probs,
             chunks: self.chunks,
+            attn_tex: self.attn_tex.as_ref(),
             capture: self.capture.as_ref(),
             n_head: self.cfg.n_head,
             kv_dim: self.cfg.kv_dim(),
@@ -812,13 +821,7 @@ impl GpuModel {
         if let Some(prof) = self.profiler.as_mut() {
             prof.record(&mut enc, plan, &info);
         } else {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("forward"),
-                timestamp_writes: None,
-            });
-            for d in plan {
-                d.record(&mut pass, &info);
-            }
+            crate::ops::record_plan(&mut enc, plan, &info);
         }
         let bytes = (count * std::mem::size_of::<T>()) as u64;
         self.readback.record(&mut enc, out_buf, 0, bytes)?;

@@ -5,7 +5,7 @@
 //! The probabilities stay in their buffer after the step, so tools can show where the
 //! model looked.
 
-use super::{dispatch, groups, op_pipeline, Dispatch, StepInfo, WarmJob, WG};
+use super::{dispatch, groups, op_pipeline, Dispatch, StepInfo, TextureCopy, WarmJob, WG};
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
 
@@ -16,13 +16,53 @@ const TILE_TOKENS: u32 = 4;
 const OUT_TILE_TOKENS: u32 = 8;
 
 /// The attention kernels a model's steps dispatch (`Attention::gpu`).
-const KERNELS: [&str; 5] = [
+const KERNELS: [&str; 6] = [
     "kv_store",
     "attn_scores",
     "attn_scores_t4",
+    "attn_scores_t4_tex",
     "attn_out",
     "attn_out_t8",
 ];
+
+/// Textures that a batch's scores read Q and the K cache from, copied there from their
+/// buffers once per layer and step (`attn_scores_t4_tex`): on CPU-hosted drivers a
+/// texel load is one SIMD gather, a storage load a loop over the lanes and words, and
+/// the loads were half the scores kernel's time (docs/perf.md). One pair serves every
+/// layer, as the layers run one after another.
+pub struct AttnTextures {
+    q: wgpu::Texture,
+    k: wgpu::Texture,
+    q_view: wgpu::TextureView,
+    k_view: wgpu::TextureView,
+}
+
+impl AttnTextures {
+    /// Textures for batches of up to `max_batch` tokens of `q_dim` queries and a cache
+    /// of `n_ctx` positions of `kv_dim` keys, where this device reads batches' Q and K
+    /// from textures ([`GpuContext::attention_in_textures`]) and the head size allows
+    /// it ([`Attention::reads_textures`]); None elsewhere.
+    pub fn new(
+        ctx: &GpuContext,
+        attn: &Attention,
+        max_batch: u32,
+        n_ctx: u32,
+    ) -> Result<Option<AttnTextures>> {
+        if !ctx.attention_in_textures() || !attn.reads_textures() {
+            return Ok(None);
+        }
+        let q_bytes = max_batch as u64 * attn.q_row_bytes();
+        let k_bytes = n_ctx as u64 * attn.k_row_bytes();
+        let q = crate::gpu::upload::scratch_texture(ctx, "attn_q_tex", q_bytes)?;
+        let k = crate::gpu::upload::scratch_texture(ctx, "attn_k_tex", k_bytes)?;
+        Ok(Some(AttnTextures {
+            q_view: q.create_view(&Default::default()),
+            k_view: k.create_view(&Default::default()),
+            q,
+            k,
+        }))
+    }
+}
 
 /// Compiling (or finding) each attention pipeline ahead of recording, one job per
 /// pipeline, for any thread.
@@ -172,6 +212,20 @@ pub fn probs_row(n_kv: u32) -> u64 {
 }
 
 impl Attention {
+    /// Whether a batch's scores may read Q and K from textures: eight halves of K (one
+    /// texel) from each head's start need a head size divisible by 8.
+    pub fn reads_textures(&self) -> bool {
+        self.head_dim % 8 == 0
+    }
+
+    /// Bytes of one token's Q (f32) and of one position of the K cache (f16).
+    fn q_row_bytes(&self) -> u64 {
+        self.head_dim as u64 * self.n_head as u64 * 4
+    }
+    fn k_row_bytes(&self) -> u64 {
+        self.head_dim as u64 * self.n_head_kv as u64 * 2
+    }
+
     fn check(&self) -> Result<()> {
         if self.n_head_kv == 0 || self.n_head % self.n_head_kv != 0 || self.head_dim % 4 != 0 {
             return Err(Error::model(format!(
@@ -188,7 +242,8 @@ impl Attention {
     /// Five dispatches per chunk, of which a step records three (scores, softmax,
     /// weighted sum; one- or four-token tiles); chunks past a step's batch record none.
     /// Where the device has it, one more for single-token steps (`attn_decode`), which
-    /// then record nothing else.
+    /// then record nothing else. With `tex` ([`AttnTextures::new`]), batches' scores
+    /// read Q and K from those textures, copied there before the first chunk's.
     #[allow(clippy::too_many_arguments)]
     pub fn gpu(
         &self,
@@ -200,16 +255,62 @@ impl Attention {
         probs: &wgpu::Buffer,
         out: &wgpu::Buffer,
         chunks: Chunks,
+        tex: Option<&AttnTextures>,
     ) -> Result<Vec<Dispatch>> {
         self.check()?;
+        let tex = tex.filter(|_| self.reads_textures());
         let bufs = [q, k_cache, v_cache, probs, out];
         let fused = self.decode_dispatch(ctx, step, bufs, chunks)?;
         let mut d = Vec::new();
         for c in 0..chunks.count {
-            d.extend(self.gpu_chunk(ctx, step, bufs, c, chunks, fused.is_some())?);
+            d.extend(self.gpu_chunk(ctx, step, bufs, c, chunks, fused.is_some(), tex)?);
         }
         d.extend(fused);
         Ok(d)
+    }
+
+    /// The batch scores of chunk `c` from `tex`, after the copies of this step's Q and
+    /// K into them when `c` is the first chunk.
+    fn scores_from_textures(
+        &self,
+        ctx: &GpuContext,
+        step: &wgpu::Buffer,
+        (q, k_cache, probs): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        (sp, c): (&ScoreParams, u32),
+        tex: &AttnTextures,
+        grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
+    ) -> Result<Dispatch> {
+        let name = "attn_scores_t4_tex";
+        let resources = vec![
+            wgpu::BindingResource::TextureView(&tex.q_view),
+            wgpu::BindingResource::TextureView(&tex.k_view),
+            probs.as_entire_binding(),
+        ];
+        let d = super::dispatch_bound(
+            ctx,
+            name,
+            op_pipeline(ctx, name)?,
+            step,
+            sp,
+            resources,
+            grid,
+        )?;
+        if c > 0 {
+            return Ok(d);
+        }
+        let (q_row, k_row) = (self.q_row_bytes(), self.k_row_bytes());
+        Ok(d.with_copies(vec![
+            TextureCopy {
+                src: q.clone(),
+                dst: tex.q.clone(),
+                bytes: Box::new(move |s| s.n_tokens as u64 * q_row),
+            },
+            TextureCopy {
+                src: k_cache.clone(),
+                dst: tex.k.clone(),
+                bytes: Box::new(move |s| s.n_kv as u64 * k_row),
+            },
+        ]))
     }
 
     /// The single-token steps' one dispatch (`attn_decode.wgsl`) where the device runs
@@ -242,6 +343,7 @@ impl Attention {
     }
 
     /// The dispatches of chunk `c` (tokens c * tokens ..): buffers as in [`Self::gpu`].
+    #[allow(clippy::too_many_arguments)]
     fn gpu_chunk(
         &self,
         ctx: &GpuContext,
@@ -250,6 +352,7 @@ impl Attention {
         c: u32,
         chunks: Chunks,
         fused: bool,
+        tex: Option<&AttnTextures>,
     ) -> Result<[Dispatch; 5]> {
         let n_head = self.n_head;
         let (t0, tn) = (c * chunks.tokens, chunks.tokens);
@@ -276,26 +379,38 @@ impl Attention {
             |s: &StepInfo| s.n_tokens == 1
         };
         let not_fused = move |s: &StepInfo| !(fused && decode_fused(s)) as u32;
+        let grid = move |tt: u32, on: fn(&StepInfo) -> bool| {
+            move |s: &StepInfo| {
+                let on = on(s) as u32;
+                [
+                    groups(s.n_kv, TILE_KEYS * WG) * on,
+                    rows(s).div_ceil(tt),
+                    n_head,
+                ]
+            }
+        };
         let scores = |name: &str, tt: u32, on: fn(&StepInfo) -> bool| {
+            let bufs = [q, k_cache, probs];
             dispatch(
                 ctx,
                 name,
                 op_pipeline(ctx, name)?,
                 step,
                 &sp,
-                &[q, k_cache, probs],
-                move |s| {
-                    let on = on(s) as u32;
-                    [
-                        groups(s.n_kv, TILE_KEYS * WG) * on,
-                        rows(s).div_ceil(tt),
-                        n_head,
-                    ]
-                },
+                &bufs,
+                grid(tt, on),
             )
         };
         let scores1 = scores("attn_scores", 1, one)?;
-        let scores4 = scores("attn_scores_t4", TILE_TOKENS, |s| s.n_tokens != 1)?;
+        let batch = |s: &StepInfo| s.n_tokens != 1;
+        let scores4 = match tex {
+            Some(t) => {
+                let bufs = (q, k_cache, probs);
+                let g = grid(TILE_TOKENS, batch);
+                self.scores_from_textures(ctx, step, bufs, (&sp, c), t, g)?
+            }
+            None => scores("attn_scores_t4", TILE_TOKENS, batch)?,
+        };
         let softmax = dispatch(
             ctx,
             "softmax",

@@ -54,6 +54,7 @@ pub enum Store {
 }
 
 type GridFn = Box<dyn Fn(&StepInfo) -> [u32; 3] + Send + Sync>;
+type BytesFn = Box<dyn Fn(&StepInfo) -> u64 + Send + Sync>;
 
 /// One kernel bound to its buffers; recorded into a compute pass each step with a grid
 /// computed from that step's sizes.
@@ -62,6 +63,16 @@ pub struct Dispatch {
     pipeline: Arc<wgpu::ComputePipeline>,
     bind_group: wgpu::BindGroup,
     grid: GridFn,
+    /// Buffers copied into the textures the kernel reads, before it runs.
+    copies: Vec<TextureCopy>,
+}
+
+/// The first `bytes(step)` bytes of a buffer copied into a texture before a kernel
+/// reads them there (`gpu::upload::copy_to_texture`).
+pub struct TextureCopy {
+    pub src: wgpu::Buffer,
+    pub dst: wgpu::Texture,
+    pub bytes: BytesFn,
 }
 
 impl Dispatch {
@@ -77,6 +88,48 @@ impl Dispatch {
 
     pub fn grid(&self, step: &StepInfo) -> [u32; 3] {
         (self.grid)(step)
+    }
+
+    /// This dispatch with `copies` recorded before it (outside any compute pass).
+    pub fn with_copies(mut self, copies: Vec<TextureCopy>) -> Dispatch {
+        self.copies = copies;
+        self
+    }
+
+    /// Whether this step records copies before the kernel: it has some, and runs.
+    pub fn copies_in(&self, step: &StepInfo) -> bool {
+        !self.copies.is_empty() && !self.grid(step).contains(&0)
+    }
+
+    /// Record the copies the kernel needs this step (see [`Self::copies_in`]).
+    pub fn record_copies(&self, enc: &mut wgpu::CommandEncoder, step: &StepInfo) {
+        if self.copies_in(step) {
+            for c in &self.copies {
+                crate::gpu::upload::copy_to_texture(enc, &c.src, &c.dst, (c.bytes)(step));
+            }
+        }
+    }
+}
+
+/// Record `plan` for `step`: its kernels in compute passes, each pass ended where a
+/// kernel's texture copies have to come first.
+pub fn record_plan<'a>(
+    enc: &mut wgpu::CommandEncoder,
+    plan: impl IntoIterator<Item = &'a Dispatch>,
+    step: &StepInfo,
+) {
+    let desc = wgpu::ComputePassDescriptor {
+        label: Some("forward"),
+        timestamp_writes: None,
+    };
+    let mut pass = enc.begin_compute_pass(&desc).forget_lifetime();
+    for d in plan {
+        if d.copies_in(step) {
+            drop(pass);
+            d.record_copies(enc, step);
+            pass = enc.begin_compute_pass(&desc).forget_lifetime();
+        }
+        d.record(&mut pass, step);
     }
 }
 
@@ -145,6 +198,7 @@ pub(crate) fn dispatch_bound<P: bytemuck::Pod>(
         pipeline,
         bind_group,
         grid: Box::new(grid),
+        copies: Vec::new(),
     })
 }
 

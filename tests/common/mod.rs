@@ -132,12 +132,7 @@ pub fn step_buffer(ctx: &GpuContext, s: &StepInfo) -> wgpu::Buffer {
 /// Run `dispatches` for `step` and wait.
 pub fn run(ctx: &GpuContext, dispatches: &[Dispatch], step: &StepInfo) {
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        for d in dispatches {
-            d.record(&mut pass, step);
-        }
-    }
+    wgllm::ops::record_plan(&mut enc, dispatches, step);
     ctx.queue.submit([enc.finish()]);
     ctx.device
         .poll(wgpu::PollType::wait_indefinitely())
