@@ -528,7 +528,15 @@ fn attention_gqa_window_batches() {
             // GPU: packed caches hold 0..pos; this step stores pos..pos+toks through
             // kv_store (pairs of V positions straddling the two when pos is odd).
             let old = pos as usize * kd;
-            let (kc0, vc0) = kv_store::pack_caches(&k_all[..old], &v_all[..old], kd, n_ctx);
+            // Positions past this step's hold stale values, as after a rewind: a
+            // kernel that weighs them at all (rather than by zero) shows.
+            let stale = |cache: &[f32]| -> Vec<f32> {
+                let mut c = cache[..old].to_vec();
+                c.resize(n_kv * kd, 0.0);
+                c.extend(Rng::new(5).vec((n_ctx as usize - n_kv) * kd, 1.0));
+                c
+            };
+            let (kc0, vc0) = kv_store::pack_caches(&stale(&k_all), &stale(&v_all), kd, n_ctx);
             let k_new = &k_all[old..];
             let v_new = &v_all[old..];
             let step = StepInfo::new(pos, toks);
@@ -546,7 +554,7 @@ fn attention_gqa_window_batches() {
             };
             // Batches' scores from Q and K in their buffers, and where the device
             // reads them from textures, from there.
-            let tex = AttnTextures::new(ctx, &attn, toks, n_ctx).unwrap();
+            let tex = AttnTextures::new(ctx, &attn, toks, Chunks::one(toks)).unwrap();
             let texs: Vec<Option<&AttnTextures>> = [None, tex.as_ref()]
                 .into_iter()
                 .enumerate()

@@ -77,6 +77,11 @@ const OPS: &[(&str, &[&str], &str)] = &[
         wgsl!("ops/attn_out.wgsl"),
     ),
     (
+        "attn_out_t8_tex",
+        &[STEP, TT8],
+        wgsl!("ops/attn_out_tex.wgsl"),
+    ),
+    (
         "attn_decode",
         &[STEP, ATTN_V, ATTN_MASK],
         wgsl!("ops/attn_decode.wgsl"),

@@ -566,7 +566,7 @@ impl GpuModel {
         }
         let probs = storage(&ctx, "attn_probs", chunks.probs_bytes(cfg.n_head, n_ctx))?;
         let attn_tex =
-            AttnTextures::new(&ctx, &graph::attention_of(c, 0, n_ctx), max_batch, n_ctx)?;
+            AttnTextures::new(&ctx, &graph::attention_of(c, 0, n_ctx), max_batch, chunks)?;
         let step = ops::uniform(&ctx, "step", &StepInfo::default());
         let ids = storage(&ctx, "ids", max_batch as u64 * 4)?;
         let logits_last = storage(&ctx, "logits", act_bytes(c.n_vocab, 1))?;

@@ -16,25 +16,51 @@ const TILE_TOKENS: u32 = 4;
 const OUT_TILE_TOKENS: u32 = 8;
 
 /// The attention kernels a model's steps dispatch (`Attention::gpu`).
-const KERNELS: [&str; 6] = [
+const KERNELS: [&str; 7] = [
     "kv_store",
     "attn_scores",
     "attn_scores_t4",
     "attn_scores_t4_tex",
     "attn_out",
     "attn_out_t8",
+    "attn_out_t8_tex",
 ];
 
-/// Textures that a batch's scores read Q and the K cache from, copied there from their
-/// buffers once per layer and step (`attn_scores_t4_tex`): on CPU-hosted drivers a
-/// texel load is one SIMD gather, a storage load a loop over the lanes and words, and
-/// the loads were half the scores kernel's time (docs/perf.md). One pair serves every
-/// layer, as the layers run one after another.
+/// Textures that a batch's attention reads its operands from, copied there from their
+/// buffers (`attn_scores_t4_tex`: Q and the K cache, once per layer and step;
+/// `attn_out_t8_tex`: the V cache likewise, the probabilities once per chunk): on
+/// CPU-hosted drivers a texel load is one SIMD gather, a storage load a loop over the
+/// lanes and words, and the loads were half the scores kernel's time (docs/perf.md).
+/// One set serves every layer, as the layers run one after another.
 pub struct AttnTextures {
-    q: wgpu::Texture,
-    k: wgpu::Texture,
-    q_view: wgpu::TextureView,
-    k_view: wgpu::TextureView,
+    q: Tex,
+    k: Tex,
+    v: Tex,
+    probs: Tex,
+}
+
+/// A scratch texture and its view.
+struct Tex(wgpu::Texture, wgpu::TextureView);
+
+impl Tex {
+    fn new(ctx: &GpuContext, label: &str, bytes: u64) -> Result<Tex> {
+        let t = crate::gpu::upload::scratch_texture(ctx, label, bytes)?;
+        let v = t.create_view(&Default::default());
+        Ok(Tex(t, v))
+    }
+
+    /// A copy of the first `bytes(step)` bytes of `src` into this texture.
+    fn copy_from(
+        &self,
+        src: &wgpu::Buffer,
+        bytes: impl Fn(&StepInfo) -> u64 + Send + Sync + 'static,
+    ) -> TextureCopy {
+        TextureCopy {
+            src: src.clone(),
+            dst: self.0.clone(),
+            bytes: Box::new(bytes),
+        }
+    }
 }
 
 impl AttnTextures {
@@ -46,20 +72,22 @@ impl AttnTextures {
         ctx: &GpuContext,
         attn: &Attention,
         max_batch: u32,
-        n_ctx: u32,
+        chunks: Chunks,
     ) -> Result<Option<AttnTextures>> {
         if !ctx.attention_in_textures() || !attn.reads_textures() {
             return Ok(None);
         }
-        let q_bytes = max_batch as u64 * attn.q_row_bytes();
-        let k_bytes = n_ctx as u64 * attn.k_row_bytes();
-        let q = crate::gpu::upload::scratch_texture(ctx, "attn_q_tex", q_bytes)?;
-        let k = crate::gpu::upload::scratch_texture(ctx, "attn_k_tex", k_bytes)?;
+        let kv_dim = attn.head_dim * attn.n_head_kv;
+        let cache = super::kv_store::cache_bytes(kv_dim, attn.n_ctx);
         Ok(Some(AttnTextures {
-            q_view: q.create_view(&Default::default()),
-            k_view: k.create_view(&Default::default()),
-            q,
-            k,
+            q: Tex::new(ctx, "attn_q_tex", max_batch as u64 * attn.q_row_bytes())?,
+            k: Tex::new(ctx, "attn_k_tex", cache)?,
+            v: Tex::new(ctx, "attn_v_tex", cache)?,
+            probs: Tex::new(
+                ctx,
+                "attn_probs_tex",
+                chunks.probs_bytes(attn.n_head, attn.n_ctx),
+            )?,
         }))
     }
 }
@@ -282,8 +310,8 @@ impl Attention {
     ) -> Result<Dispatch> {
         let name = "attn_scores_t4_tex";
         let resources = vec![
-            wgpu::BindingResource::TextureView(&tex.q_view),
-            wgpu::BindingResource::TextureView(&tex.k_view),
+            wgpu::BindingResource::TextureView(&tex.q.1),
+            wgpu::BindingResource::TextureView(&tex.k.1),
             probs.as_entire_binding(),
         ];
         let d = super::dispatch_bound(
@@ -300,17 +328,45 @@ impl Attention {
         }
         let (q_row, k_row) = (self.q_row_bytes(), self.k_row_bytes());
         Ok(d.with_copies(vec![
-            TextureCopy {
-                src: q.clone(),
-                dst: tex.q.clone(),
-                bytes: Box::new(move |s| s.n_tokens as u64 * q_row),
-            },
-            TextureCopy {
-                src: k_cache.clone(),
-                dst: tex.k.clone(),
-                bytes: Box::new(move |s| s.n_kv as u64 * k_row),
-            },
+            tex.q.copy_from(q, move |s| s.n_tokens as u64 * q_row),
+            tex.k.copy_from(k_cache, move |s| s.n_kv as u64 * k_row),
         ]))
+    }
+
+    /// The batch weighted sum of chunk `c` from `tex`, after the copy of the chunk's
+    /// probabilities into it, and of the V cache when `c` is the first chunk.
+    fn out_from_textures(
+        &self,
+        ctx: &GpuContext,
+        step: &wgpu::Buffer,
+        (probs, v_cache, out): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        (op, c, tn): (&OutParams, u32, u32),
+        tex: &AttnTextures,
+        grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
+    ) -> Result<Dispatch> {
+        let name = "attn_out_t8_tex";
+        let resources = vec![
+            wgpu::BindingResource::TextureView(&tex.probs.1),
+            wgpu::BindingResource::TextureView(&tex.v.1),
+            out.as_entire_binding(),
+        ];
+        let d = super::dispatch_bound(
+            ctx,
+            name,
+            op_pipeline(ctx, name)?,
+            step,
+            op,
+            resources,
+            grid,
+        )?;
+        let n_head = self.n_head as u64;
+        let rows = move |s: &StepInfo| n_head * tn as u64 * probs_row(s.n_kv) * 4;
+        let mut copies = vec![tex.probs.copy_from(probs, rows)];
+        if c == 0 {
+            let cache = super::kv_store::cache_bytes(self.head_dim * self.n_head_kv, self.n_ctx);
+            copies.push(tex.v.copy_from(v_cache, move |_| cache));
+        }
+        Ok(d.with_copies(copies))
     }
 
     /// The single-token steps' one dispatch (`attn_decode.wgsl`) where the device runs
@@ -435,22 +491,33 @@ impl Attention {
             _pad: [0; 2],
         };
         let hd = self.head_dim;
+        let out_grid = move |tt: u32, on: fn(&StepInfo) -> bool| {
+            move |s: &StepInfo| {
+                let on = on(s) as u32;
+                [groups(hd / 4 * rows(s).div_ceil(tt), WG) * on, 1, n_head]
+            }
+        };
         let weighted = |name: &str, tt: u32, on: fn(&StepInfo) -> bool| {
+            let bufs = [probs, v_cache, out];
             dispatch(
                 ctx,
                 name,
                 op_pipeline(ctx, name)?,
                 step,
                 &op,
-                &[probs, v_cache, out],
-                move |s| {
-                    let on = on(s) as u32;
-                    [groups(hd / 4 * rows(s).div_ceil(tt), WG) * on, 1, n_head]
-                },
+                &bufs,
+                out_grid(tt, on),
             )
         };
         let out1 = weighted("attn_out", 1, one)?;
-        let out4 = weighted("attn_out_t8", OUT_TILE_TOKENS, |s| s.n_tokens != 1)?;
+        let out4 = match tex {
+            Some(t) => {
+                let bufs = (probs, v_cache, out);
+                let g = out_grid(OUT_TILE_TOKENS, batch);
+                self.out_from_textures(ctx, step, bufs, (&op, c, tn), t, g)?
+            }
+            None => weighted("attn_out_t8", OUT_TILE_TOKENS, batch)?,
+        };
         Ok([scores1, scores4, softmax, out1, out4])
     }
 
