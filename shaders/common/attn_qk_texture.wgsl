@@ -1,29 +1,20 @@
 // Q and the K cache of `attn_scores` read from textures the step copied them into
-// (`ops::attention::AttnTextures`), in the buffers' byte order, row-major through
-// rgba32uint texels TEX_W wide: on CPU-hosted drivers a texel load is one SIMD gather,
-// where a storage load is a loop over the lanes and their words. Indices as
+// (`ops::attention::AttnTextures`, common/scratch_texel.wgsl). Indices as
 // common/attn_qk_buffer.wgsl's (vec4s of Q, vec2s of K); K's eight halves from an even
 // vec2 index are one texel.
 
 @group(0) @binding(2) var q_tex: texture_storage_2d<rgba32uint, read>;
 @group(0) @binding(3) var k_tex: texture_storage_2d<rgba32uint, read>;
 
-// log2 of TEX_W (`gpu::upload::TEX_SHIFT`).
-const QK_TEX_SHIFT: u32 = 12u;
-
-fn qk_texel(t: texture_storage_2d<rgba32uint, read>, i: u32) -> vec4<u32> {
-    return textureLoad(t, vec2<u32>(i & ((1u << QK_TEX_SHIFT) - 1u), i >> QK_TEX_SHIFT));
-}
-
 fn q4(i: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(qk_texel(q_tex, i));
+    return bitcast<vec4<f32>>(scratch_texel(q_tex, i));
 }
 fn q8(i: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(q4(i), q4(i + 1u));
 }
 
 fn k8(i: u32) -> array<vec4<f32>, 2> {
-    let w = qk_texel(k_tex, i >> 1u);
+    let w = scratch_texel(k_tex, i >> 1u);
     return array<vec4<f32>, 2>(
         vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
         vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),

@@ -3,15 +3,16 @@
 // stops at its last token's position, rounded up to a whole vec4 of keys (the
 // probabilities past n_kv are 0 too).
 //
-// One invocation per tile of 4 dimensions x TT tokens of one head, four keys at a time:
-// each vec4 of probabilities serves 4 dimensions and each vec2 of V (four positions)
-// TT tokens (CPU-hosted drivers pay per load, per lane). TT is 1 for single-token steps
-// and 4 for batches.
+// One invocation per tile of 4 dimensions x TT tokens of one head, eight keys at a
+// time: each pair of vec4s of probabilities serves 4 dimensions and each eight
+// positions of V TT tokens (CPU-hosted drivers pay per load, per lane). TT is 1 for
+// single-token steps and 8 for batches.
 //
-// probs: [probs_stride(), tn, n_head] (row t - t0); v_cache: [stride, head_dim * n_head_kv]
-// f16, four halves per vec2<u32> (transposed, stride = n_ctx rounded up to 4, as
-// kv_store writes it); out: [head_dim, n_head, n_tokens] f32 (as vec4s; head_dim is a
-// multiple of 4)
+// The probabilities and V come through `p4` and `v8` (common/attn_pv_buffer.wgsl, or
+// common/attn_pv_texture.wgsl for the batch build that reads them from textures).
+// probs: [probs_stride(), tn, n_head] (row t - t0); v_cache: [stride, head_dim *
+// n_head_kv] f16 (transposed, stride = n_ctx rounded up to 8, as kv_store writes it);
+// out: [head_dim, n_head, n_tokens] f32 (as vec4s; head_dim is a multiple of 4)
 
 struct Params {
     head_dim: u32,
@@ -26,14 +27,10 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> probs: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 
 override WG: u32 = 64u;
 // TT, the tokens per tile, comes before this file (gpu::shaders).
-
-// Positions j .. j + 3 of one V row (vec2 index `i`) as floats.
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -53,17 +50,26 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var k = 0u; k < TT; k++) {
         pb[k] = (h * p.tn + min(r0 + k, t_end - 1u - p.t0)) * n4;
     }
-    // vec2 index of (dimension d0, position 0) and the distance between dimensions.
-    let vs = p.stride / 4u;
+    // Block of eight positions of (dimension d0, position 0), and the distance between
+    // dimensions.
+    let vs = p.stride / 8u;
     let vb = (hkv * p.head_dim + d0) * vs;
     // Whole vec4s of keys up to the tile's last token's position.
     let n = (min(step.pos + min(p.t0 + r0 + TT, t_end), step.n_kv) + 3u) / 4u;
     var acc: array<vec4<f32>, TT>;
-    for (var j = 0u; j < n; j++) {
-        // v[dim i][key 4 j + c] for the tile's 4 dimensions.
-        let vj = v_block(vb, vs, j);
+    for (var m = 0u; 2u * m < n; m++) {
+        let w0 = v8(vb + m);
+        let w1 = v8(vb + vs + m);
+        let w2 = v8(vb + 2u * vs + m);
+        let w3 = v8(vb + 3u * vs + m);
+        // One column per dimension, so that probabilities times it weigh all four.
+        let lo = mat4x4<f32>(w0[0], w1[0], w2[0], w3[0]);
+        let hi = mat4x4<f32>(w0[1], w1[1], w2[1], w3[1]);
+        // Past the row's last vec4 of keys lies the next row: its weight is zero.
+        let has_hi = 2u * m + 1u < n;
         for (var k = 0u; k < TT; k++) {
-            acc[k] += probs[pb[k] + j] * vj;
+            let ph = select(vec4<f32>(), p4(pb[k] + 2u * m + 1u), has_hi);
+            acc[k] += p4(pb[k] + 2u * m) * lo + ph * hi;
         }
     }
     for (var k = 0u; k < TT; k++) {

@@ -23,9 +23,13 @@ const ROPE_ANGLE: &str = wgsl!("common/rope_angle.wgsl");
 const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
 const ATTN_V: &str = wgsl!("common/attn_v.wgsl");
 const ATTN_MASK: &str = wgsl!("common/attn_mask.wgsl");
-/// Where `attn_scores` reads Q and K: their storage buffers, or textures copied from them.
+/// Where `attn_scores` reads Q and K, and `attn_out` the probabilities and V: their
+/// storage buffers, or textures copied from them.
 const ATTN_QK_BUFFER: &str = wgsl!("common/attn_qk_buffer.wgsl");
 const ATTN_QK_TEXTURE: &str = wgsl!("common/attn_qk_texture.wgsl");
+const ATTN_PV_BUFFER: &str = wgsl!("common/attn_pv_buffer.wgsl");
+const ATTN_PV_TEXTURE: &str = wgsl!("common/attn_pv_texture.wgsl");
+const SCRATCH_TEXEL: &str = wgsl!("common/scratch_texel.wgsl");
 /// The same reductions for workgroups of one subgroup (the `_sg` kernels).
 const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
@@ -65,21 +69,25 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "attn_scores_t4_tex",
-        &[STEP, TT4, ATTN_MASK, ATTN_QK_TEXTURE],
+        &[STEP, TT4, ATTN_MASK, SCRATCH_TEXEL, ATTN_QK_TEXTURE],
         wgsl!("ops/attn_scores.wgsl"),
     ),
     ("softmax", &[STEP, REDUCE], wgsl!("ops/softmax.wgsl")),
     ("softmax_sg", &[STEP, REDUCE_SG], wgsl!("ops/softmax.wgsl")),
-    ("attn_out", &[STEP, TT1, ATTN_V], wgsl!("ops/attn_out.wgsl")),
+    (
+        "attn_out",
+        &[STEP, TT1, ATTN_V, ATTN_PV_BUFFER],
+        wgsl!("ops/attn_out.wgsl"),
+    ),
     (
         "attn_out_t8",
-        &[STEP, TT8, ATTN_V],
+        &[STEP, TT8, ATTN_V, ATTN_PV_BUFFER],
         wgsl!("ops/attn_out.wgsl"),
     ),
     (
         "attn_out_t8_tex",
-        &[STEP, TT8],
-        wgsl!("ops/attn_out_tex.wgsl"),
+        &[STEP, TT8, SCRATCH_TEXEL, ATTN_PV_TEXTURE],
+        wgsl!("ops/attn_out.wgsl"),
     ),
     (
         "attn_decode",

@@ -92,12 +92,13 @@ impl Ops for Warm<'_> {
         Ok(())
     }
 
-    fn attention(&mut self, _: usize, _: &(), _: &(), _: &(), _: &(), _: &Attention) -> Result<()> {
+    fn attention(&mut self, _: usize, _: &(), _: &(), _: &(), _: &(), a: &Attention) -> Result<()> {
         self.norm = None;
         // Once: every layer runs the same kernels.
         if !self.attention {
             self.attention = true;
-            self.jobs.extend(crate::ops::attention::warm_jobs(self.ctx));
+            self.jobs
+                .extend(crate::ops::attention::warm_jobs(self.ctx, a));
         }
         Ok(())
     }

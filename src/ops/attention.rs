@@ -15,16 +15,12 @@ const TILE_KEYS: u32 = 4;
 const TILE_TOKENS: u32 = 4;
 const OUT_TILE_TOKENS: u32 = 8;
 
-/// The attention kernels a model's steps dispatch (`Attention::gpu`).
-const KERNELS: [&str; 7] = [
-    "kv_store",
-    "attn_scores",
-    "attn_scores_t4",
-    "attn_scores_t4_tex",
-    "attn_out",
-    "attn_out_t8",
-    "attn_out_t8_tex",
-];
+/// The attention kernels a model's steps dispatch (`Attention::gpu`): those every
+/// step may run, and the batch kernels that read storage buffers or, where
+/// [`AttnTextures`] are made, textures.
+const KERNELS: [&str; 3] = ["kv_store", "attn_scores", "attn_out"];
+const BATCH_KERNELS: [&str; 2] = ["attn_scores_t4", "attn_out_t8"];
+const BATCH_TEXTURE_KERNELS: [&str; 2] = ["attn_scores_t4_tex", "attn_out_t8_tex"];
 
 /// Textures that a batch's attention reads its operands from, copied there from their
 /// buffers (`attn_scores_t4_tex`: Q and the K cache, once per layer and step;
@@ -92,11 +88,17 @@ impl AttnTextures {
     }
 }
 
-/// Compiling (or finding) each attention pipeline ahead of recording, one job per
+/// Compiling (or finding) each pipeline of `attn` ahead of recording, one job per
 /// pipeline, for any thread.
-pub fn warm_jobs(ctx: &GpuContext) -> Vec<WarmJob<'_>> {
+pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention) -> Vec<WarmJob<'a>> {
+    let batch = if ctx.attention_in_textures() && attn.reads_textures() {
+        BATCH_TEXTURE_KERNELS
+    } else {
+        BATCH_KERNELS
+    };
     let mut jobs: Vec<WarmJob<'_>> = KERNELS
         .into_iter()
+        .chain(batch)
         .map(|name| Box::new(move || op_pipeline(ctx, name).map(drop)) as WarmJob<'_>)
         .collect();
     jobs.push(Box::new(move || {
