@@ -88,6 +88,25 @@ impl AttnTextures {
     }
 }
 
+/// Kernel `name` reading `textures` (bindings 2 and 3) and writing `out` (binding 4).
+fn tex_dispatch<P: bytemuck::Pod>(
+    ctx: &GpuContext,
+    name: &str,
+    step: &wgpu::Buffer,
+    params: &P,
+    textures: [&Tex; 2],
+    out: &wgpu::Buffer,
+    grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
+) -> Result<Dispatch> {
+    let resources = vec![
+        wgpu::BindingResource::TextureView(&textures[0].1),
+        wgpu::BindingResource::TextureView(&textures[1].1),
+        out.as_entire_binding(),
+    ];
+    let pipeline = op_pipeline(ctx, name)?;
+    super::dispatch_bound(ctx, name, pipeline, step, params, resources, grid)
+}
+
 /// Compiling (or finding) each pipeline of `attn` ahead of recording, one job per
 /// pipeline, for any thread.
 pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention) -> Vec<WarmJob<'a>> {
@@ -310,19 +329,13 @@ impl Attention {
         tex: &AttnTextures,
         grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
     ) -> Result<Dispatch> {
-        let name = "attn_scores_t4_tex";
-        let resources = vec![
-            wgpu::BindingResource::TextureView(&tex.q.1),
-            wgpu::BindingResource::TextureView(&tex.k.1),
-            probs.as_entire_binding(),
-        ];
-        let d = super::dispatch_bound(
+        let d = tex_dispatch(
             ctx,
-            name,
-            op_pipeline(ctx, name)?,
+            "attn_scores_t4_tex",
             step,
             sp,
-            resources,
+            [&tex.q, &tex.k],
+            probs,
             grid,
         )?;
         if c > 0 {
@@ -346,19 +359,13 @@ impl Attention {
         tex: &AttnTextures,
         grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
     ) -> Result<Dispatch> {
-        let name = "attn_out_t8_tex";
-        let resources = vec![
-            wgpu::BindingResource::TextureView(&tex.probs.1),
-            wgpu::BindingResource::TextureView(&tex.v.1),
-            out.as_entire_binding(),
-        ];
-        let d = super::dispatch_bound(
+        let d = tex_dispatch(
             ctx,
-            name,
-            op_pipeline(ctx, name)?,
+            "attn_out_t8_tex",
             step,
             op,
-            resources,
+            [&tex.probs, &tex.v],
+            out,
             grid,
         )?;
         let n_head = self.n_head as u64;
