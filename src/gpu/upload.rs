@@ -358,10 +358,20 @@ fn upload_rows(
     Ok(PartMemory::Texture(texture, view))
 }
 
+/// Rows of [`TEX_W`] texels that hold `bytes` bytes.
+fn scratch_rows(bytes: u64) -> u64 {
+    bytes.max(1).div_ceil(TEX_W as u64 * TEXEL_BYTES)
+}
+
+/// Whether a [`scratch_texture`] of `bytes` bytes fits the device's largest texture.
+pub fn scratch_fits(ctx: &GpuContext, bytes: u64) -> bool {
+    scratch_rows(bytes) <= ctx.limits.max_texture_dimension_2d as u64
+}
+
 /// A texture of [`weight_texture`]'s shape holding at least `bytes` bytes, which kernels
 /// read through texel loads after [`copy_to_texture`] fills it from a buffer each step.
 pub fn scratch_texture(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Texture> {
-    let height = bytes.max(1).div_ceil(TEX_W as u64 * TEXEL_BYTES);
+    let height = scratch_rows(bytes);
     let max = ctx.limits.max_texture_dimension_2d;
     if height > max as u64 {
         return Err(Error::gpu(format!(

@@ -62,8 +62,8 @@ impl Tex {
 impl AttnTextures {
     /// Textures for batches of up to `max_batch` tokens of `q_dim` queries and a cache
     /// of `n_ctx` positions of `kv_dim` keys, where this device reads batches' Q and K
-    /// from textures ([`GpuContext::attention_in_textures`]) and the head size allows
-    /// it ([`Attention::reads_textures`]); None elsewhere.
+    /// from textures ([`GpuContext::attention_in_textures`]), the head size allows it
+    /// ([`Attention::reads_textures`]) and each fits a texture; None elsewhere.
     pub fn new(
         ctx: &GpuContext,
         attn: &Attention,
@@ -75,15 +75,17 @@ impl AttnTextures {
         }
         let kv_dim = attn.head_dim * attn.n_head_kv;
         let cache = super::kv_store::cache_bytes(kv_dim, attn.n_ctx);
+        let probs = chunks.probs_bytes(attn.n_head, attn.n_ctx);
+        let q_bytes = max_batch as u64 * attn.q_row_bytes();
+        // Where one would pass the device's largest texture, the buffers serve.
+        if !crate::gpu::upload::scratch_fits(ctx, cache.max(probs).max(q_bytes)) {
+            return Ok(None);
+        }
         Ok(Some(AttnTextures {
-            q: Tex::new(ctx, "attn_q_tex", max_batch as u64 * attn.q_row_bytes())?,
+            q: Tex::new(ctx, "attn_q_tex", q_bytes)?,
             k: Tex::new(ctx, "attn_k_tex", cache)?,
             v: Tex::new(ctx, "attn_v_tex", cache)?,
-            probs: Tex::new(
-                ctx,
-                "attn_probs_tex",
-                chunks.probs_bytes(attn.n_head, attn.n_ctx),
-            )?,
+            probs: Tex::new(ctx, "attn_probs_tex", probs)?,
         }))
     }
 }
