@@ -60,9 +60,10 @@ impl Tex {
 }
 
 impl AttnTextures {
-    /// Textures for batches of up to `max_batch` tokens of `q_dim` queries and a cache
-    /// of `n_ctx` positions of `kv_dim` keys, where this device reads batches' Q and K
-    /// from textures ([`GpuContext::attention_in_textures`]), the head size allows it
+    /// Textures for batches of up to `max_batch` tokens of `attn`'s heads over its
+    /// cache of `attn.n_ctx` positions, with probabilities in `chunks`, where this
+    /// device reads batches' operands from textures
+    /// ([`GpuContext::attention_in_textures`]), the head size allows it
     /// ([`Attention::reads_textures`]) and each fits a texture; None elsewhere.
     pub fn new(
         ctx: &GpuContext,
