@@ -405,7 +405,7 @@ pub struct GpuModel {
     pub(crate) probs: wgpu::Buffer,
     /// How a batch's attention is cut to fit `probs`.
     pub(crate) chunks: Chunks,
-    /// Where batches' attention scores read Q and K, on devices that read them faster
+    /// Where batches' attention reads its operands, on devices that read them faster
     /// from textures.
     pub(crate) attn_tex: Option<AttnTextures>,
     /// Last-token attention of every layer, when asked for at load.

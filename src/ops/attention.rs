@@ -61,17 +61,16 @@ impl Tex {
 
 impl AttnTextures {
     /// Textures for batches of up to `max_batch` tokens of `attn`'s heads over its
-    /// cache of `attn.n_ctx` positions, with probabilities in `chunks`, where this
-    /// device reads batches' operands from textures
-    /// ([`GpuContext::attention_in_textures`]), the head size allows it
-    /// ([`Attention::reads_textures`]) and each fits a texture; None elsewhere.
+    /// cache of `attn.n_ctx` positions, with probabilities in `chunks`, where `attn`
+    /// reads its operands from textures on this device ([`Attention::reads_textures`])
+    /// and each fits a texture; None elsewhere.
     pub fn new(
         ctx: &GpuContext,
         attn: &Attention,
         max_batch: u32,
         chunks: Chunks,
     ) -> Result<Option<AttnTextures>> {
-        if !ctx.attention_in_textures() || !attn.reads_textures() {
+        if !attn.reads_textures(ctx) {
             return Ok(None);
         }
         let kv_dim = attn.head_dim * attn.n_head_kv;
@@ -113,7 +112,7 @@ fn tex_dispatch<P: bytemuck::Pod>(
 /// Compiling (or finding) each pipeline of `attn` ahead of recording, one job per
 /// pipeline, for any thread.
 pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention) -> Vec<WarmJob<'a>> {
-    let batch = if ctx.attention_in_textures() && attn.reads_textures() {
+    let batch = if attn.reads_textures(ctx) {
         BATCH_TEXTURE_KERNELS
     } else {
         BATCH_KERNELS
@@ -264,10 +263,12 @@ pub fn probs_row(n_kv: u32) -> u64 {
 }
 
 impl Attention {
-    /// Whether a batch's scores may read Q and K from textures: eight halves of K (one
-    /// texel) from each head's start need a head size divisible by 8.
-    pub fn reads_textures(&self) -> bool {
-        self.head_dim % 8 == 0
+    /// Whether a batch's attention reads its operands from textures on `ctx`: where the
+    /// device keeps matrices there ([`GpuContext::attention_in_textures`]) and the head
+    /// size is divisible by 8, as eight halves of K from each head's start are one
+    /// texel ([`AttnTextures`] also wants each texture to fit the device).
+    pub fn reads_textures(&self, ctx: &GpuContext) -> bool {
+        ctx.attention_in_textures() && self.head_dim % 8 == 0
     }
 
     /// Bytes of one token's Q (f32) and of one position of the K cache (f16).
@@ -310,7 +311,7 @@ impl Attention {
         tex: Option<&AttnTextures>,
     ) -> Result<Vec<Dispatch>> {
         self.check()?;
-        let tex = tex.filter(|_| self.reads_textures());
+        let tex = tex.filter(|_| self.reads_textures(ctx));
         let bufs = [q, k_cache, v_cache, probs, out];
         let fused = self.decode_dispatch(ctx, step, bufs, chunks)?;
         let mut d = Vec::new();
