@@ -366,6 +366,23 @@ fn variants_with_weights_in_textures() {
     variants_in_memory(texture_contexts(), WeightMemory::Texture);
 }
 
+/// Weight textures larger than the staging ring they are filled through
+/// (`gpu::staging`: two buffers of 4 MiB): each part crosses buffers, reuses the first
+/// once its copy has run, and ends mid-row; a planar type, then a verbatim one, so the
+/// ring also carries over from one texture to the next.
+#[test]
+fn weight_textures_larger_than_the_staging_ring() {
+    let stage = wgllm::gpu::staging::STAGE_BYTES as usize * wgllm::gpu::staging::STAGES;
+    for ctx in texture_contexts() {
+        let v = mul_mat::default_variant(ctx);
+        for (ty, rows) in [(GgmlType::Q8_0, 4100), (GgmlType::Q4_K, 7500)] {
+            let bytes = ty.row_bytes(2048).expect("whole blocks") as usize * rows;
+            assert!(bytes > stage, "{ty}: {bytes} bytes do not cross the ring");
+            check(ctx, v, ty, rows, 2048, 1, Columns::All);
+        }
+    }
+}
+
 /// The same in storage buffers (`gpu::upload::WeightMemory::Buffer`), which CPU-hosted
 /// Vulkan drivers do not use by default.
 #[test]

@@ -127,6 +127,8 @@ pub struct GpuContext {
     forced_weights: Option<WeightMemory>,
     binding_cap: Option<u64>,
     lost: Arc<std::sync::atomic::AtomicBool>,
+    /// The buffers weight textures are filled through ([`super::staging`]).
+    pub(crate) staging: std::sync::Mutex<super::staging::StagingRing>,
 }
 
 /// The adapters of the backends `WGPU_BACKEND` names (e.g. `vulkan`, `gl`), else of
@@ -342,6 +344,7 @@ impl GpuContext {
             pipelines: Default::default(),
             binding_cap: opts.max_binding,
             lost,
+            staging: Default::default(),
         })
     }
 
@@ -407,6 +410,14 @@ impl GpuContext {
         // Bindings must start at offsets aligned to this; keep part sizes multiples of it.
         let cap = self.binding_cap.unwrap_or(u64::MAX).max(256);
         device.min(cap)
+    }
+
+    /// Frees the staging buffers weight textures were filled through, once a model's
+    /// weights are all uploaded; the next texture upload creates them again.
+    pub fn release_staging(&self) {
+        if let Ok(mut ring) = self.staging.lock() {
+            *ring = Default::default();
+        }
     }
 
     pub fn is_lost(&self) -> bool {

@@ -7,6 +7,7 @@ pub mod pipelines;
 pub mod profile;
 pub mod readback;
 pub mod shaders;
+pub mod staging;
 pub mod tuning;
 pub mod upload;
 

@@ -5,8 +5,9 @@
 //!
 //! Where the context keeps a type's weights in textures ([`GpuContext::matrix_memory`]), a
 //! matrix's bytes run row-major through rgba32uint texels instead, [`TEX_W`] texels to
-//! a texture row (`shaders/common/w_texture.wgsl` reads them): they are written into a
-//! mapped staging buffer the same way and copied into the texture.
+//! a texture row (`shaders/common/w_texture.wgsl` reads them): they are written the same
+//! way into a small ring of staging buffers and copied into the texture piece by piece
+//! ([`super::staging`]).
 
 use wgpu::util::DeviceExt;
 
@@ -14,6 +15,7 @@ use crate::gguf::TensorInfo;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
+use super::staging::TextureFill;
 use super::GpuContext;
 
 /// Where weights are held: storage buffers, or textures bound as read-only storage
@@ -45,7 +47,8 @@ pub const TEX_SHIFT: u32 = 12;
 /// Texels per row of a weight texture: 64 KiB, a multiple of the 256-byte row pitch a
 /// buffer-to-texture copy needs.
 pub const TEX_W: u32 = 1 << TEX_SHIFT;
-const TEXEL_BYTES: u64 = 16;
+/// Bytes per texel (rgba32uint).
+pub(crate) const TEXEL_BYTES: u64 = 16;
 
 /// The memory of one part.
 pub enum PartMemory {
@@ -328,32 +331,13 @@ fn upload_rows(
         buffer.unmap();
         return Ok(PartMemory::Buffer(buffer));
     }
-    let height = bytes.div_ceil(TEX_W as u64 * TEXEL_BYTES) as u32;
+    let height = scratch_rows(bytes) as u32;
     let texture = weight_texture(ctx, label, height);
-    let size = texture.size();
-    let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some(label),
-        size: height as u64 * TEX_W as u64 * TEXEL_BYTES,
-        usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: true,
-    });
-    fill(&staging, label, srcs, rows, copied)?;
-    staging.unmap();
-    let mut enc = ctx.device.create_command_encoder(&Default::default());
-    enc.copy_buffer_to_texture(
-        wgpu::TexelCopyBufferInfo {
-            buffer: &staging,
-            layout: wgpu::TexelCopyBufferLayout {
-                offset: 0,
-                bytes_per_row: Some(TEX_W * TEXEL_BYTES as u32),
-                rows_per_image: Some(height),
-            },
-        },
-        texture.as_image_copy(),
-        size,
-    );
-    // The staging buffer is freed once this copy has run.
-    ctx.queue.submit([enc.finish()]);
+    let mut stream = TextureFill::new(ctx, &texture)?;
+    walk_rows(srcs, rows, copied, &mut |_, gpu_bytes| {
+        stream.write(gpu_bytes)
+    })?;
+    stream.finish()?;
     let view = texture.create_view(&Default::default());
     Ok(PartMemory::Texture(texture, view))
 }
@@ -466,20 +450,34 @@ fn fill(
     let mut view = buffer
         .get_mapped_range_mut(..)
         .map_err(|e| Error::gpu(format!("mapping the buffer for {label}: {e}")))?;
+    walk_rows(srcs, rows, copied, &mut |at, bytes| {
+        view.slice(at..at + bytes.len()).copy_from_slice(bytes);
+        Ok(())
+    })
+}
+
+/// Hands the file rows of `srcs` to `put` in the GPU layout, in order, each piece with
+/// its byte offset in that layout: runs of rows as they lie in the file, or one row at
+/// a time where the layout reorders a row's fields (through a row-sized scratch).
+/// `copied` gets each run of the file once it has been put.
+fn walk_rows(
+    srcs: &[&[u8]],
+    rows: Rows,
+    copied: &mut dyn FnMut(&[u8]),
+    put: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+) -> Result<()> {
     let run_rows = (COPY_RUN / rows.file.max(1)).max(1);
     let runs = srcs.iter().flat_map(|b| b.chunks(run_rows * rows.file));
+    let planar = super::layout::planes(rows.ty).is_some();
+    let mut row = vec![0u8; if planar { rows.gpu } else { 0 }];
     let mut at = 0;
     for src in runs {
-        if super::layout::planes(rows.ty).is_none() {
-            view.slice(at..at + src.len()).copy_from_slice(src);
+        if !planar {
+            put(at, src)?;
         } else {
-            // Reordered one row at a time through a row-sized scratch (the view is
-            // write-only).
-            let mut row = vec![0u8; rows.gpu];
             for (k, s) in src.chunks(rows.file).enumerate() {
                 super::layout::write_row(rows.ty, s, &mut row);
-                let o = at + k * rows.gpu;
-                view.slice(o..o + rows.gpu).copy_from_slice(&row);
+                put(at + k * rows.gpu, &row)?;
             }
         }
         at += src.len() / rows.file.max(1) * rows.gpu;

@@ -951,6 +951,7 @@ fn upload_weights(
         None => None,
     };
     bar.finish_and_clear();
+    ctx.release_staging();
     Ok(ModelWeights {
         token_embd,
         layers,
