@@ -366,14 +366,14 @@ fn variants_with_weights_in_textures() {
     variants_in_memory(texture_contexts(), WeightMemory::Texture);
 }
 
-/// Weight textures larger than the staging ring they are filled through
-/// (`gpu::staging`: two buffers of 4 MiB): each part crosses buffers, reuses the first
-/// once its copy has run, and ends mid-row; a planar type, then a verbatim one, so the
-/// ring also carries over from one texture to the next.
+/// Weights larger than the staging ring they are uploaded through (`gpu::staging`: two
+/// buffers of 2 MiB), in textures and in buffers: each crosses buffers, reuses the
+/// first once its copy has run, and ends mid-row of a texture; a planar type, then a
+/// verbatim one, so the ring also carries over from one tensor to the next.
 #[test]
-fn weight_textures_larger_than_the_staging_ring() {
+fn weights_larger_than_the_staging_ring() {
     let stage = wgllm::gpu::staging::STAGE_BYTES as usize * wgllm::gpu::staging::STAGES;
-    for ctx in texture_contexts() {
+    for ctx in texture_contexts().iter().chain(buffer_contexts()) {
         let v = mul_mat::default_variant(ctx);
         for (ty, rows) in [(GgmlType::Q8_0, 4100), (GgmlType::Q4_K, 7500)] {
             let bytes = ty.row_bytes(2048).expect("whole blocks") as usize * rows;

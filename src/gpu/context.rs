@@ -115,8 +115,6 @@ pub struct GpuContext {
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
     pub has_timestamps: bool,
-    /// Storage buffers may be mapped for writing (device memory is host memory).
-    pub unified: bool,
     /// Kernel variants measured fastest on this adapter (`wgllm-bench kernels --save`).
     pub tuned: super::tuning::Choices,
     pub pipelines: super::pipelines::PipelineCache,
@@ -269,16 +267,6 @@ impl GpuContext {
         if has_timestamps {
             features |= wgpu::Features::TIMESTAMP_QUERY;
         }
-        // Where device memory is host memory (software and integrated GPUs), weights are
-        // written straight into their buffers instead of through a staging copy, which
-        // would hold a second copy of the model until the upload is submitted.
-        let unified = matches!(
-            info.device_type,
-            wgpu::DeviceType::Cpu | wgpu::DeviceType::IntegratedGpu
-        ) && available.contains(wgpu::Features::MAPPABLE_PRIMARY_BUFFERS);
-        if unified {
-            features |= wgpu::Features::MAPPABLE_PRIMARY_BUFFERS;
-        }
         // The adapter's real limits: wgpu's defaults cap storage bindings at 128 MiB and
         // buffers at 256 MiB, far below what real GPUs allow.
         let mut limits = if opts.default_limits {
@@ -339,7 +327,6 @@ impl GpuContext {
             has_f16,
             has_subgroups,
             has_timestamps,
-            unified,
             tuned,
             pipelines: Default::default(),
             binding_cap: opts.max_binding,

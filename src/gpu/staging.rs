@@ -1,14 +1,18 @@
-//! Filling weight textures through a small ring of staging buffers.
+//! Filling weight buffers and textures through a small ring of staging buffers.
 //!
-//! A texture has no memory the host can map, so its bytes reach it through a mapped
-//! buffer and a buffer-to-texture copy. Staging a whole part at once (up to one storage
-//! binding: 128 MiB on lavapipe) took a fresh buffer of that size for every part, which
-//! the driver faults in page by page, wgpu zero-fills, the host fills and the device
-//! reads back: four passes over memory the size of the model, and the staged copy stayed
-//! resident until its copy had run. The ring instead streams every texture through
-//! [`STAGES`] buffers of [`STAGE_BYTES`] that are reused from one texture to the next:
-//! the host fills one while the device copies the other, and the staged bytes are
-//! written and read while they are still in the cache.
+//! A texture has no memory the host can map, and neither has a discrete GPU's buffer,
+//! so weights reach the device through mapped staging buffers and device copies. The
+//! ring streams every weight through [`STAGES`] buffers of [`STAGE_BYTES`], reused from
+//! one tensor to the next: the host fills one while the device copies the other, and
+//! the staged bytes are written and read while they are still in the cache.
+//!
+//! Before, a texture part (up to one storage binding: 128 MiB on lavapipe) was staged
+//! whole in a fresh buffer, which the driver faulted in page by page, wgpu zero-filled,
+//! the host filled and the device read back, and which stayed resident until its copy
+//! had run; buffers on devices whose memory is host memory were mapped at creation
+//! (zero-filled by wgpu, then written) and elsewhere staged by wgpu a whole buffer at a
+//! time. On lavapipe the ring uploads 3-6x faster than either (docs/perf.md, "Upload
+//! bandwidth").
 
 use std::sync::mpsc;
 
@@ -17,8 +21,9 @@ use super::GpuContext;
 use crate::{Error, Result};
 
 /// Bytes per staging buffer: a whole number of texture rows, so that every full buffer
-/// lands on whole rows of the texture.
-pub const STAGE_BYTES: u64 = 4 << 20;
+/// lands on whole rows of a texture. Measured on lavapipe (`wgllm-bench upload`), 2 MiB
+/// uploads as fast as 4 or 64 and holds 4-6 MiB less at the peak of a model's load.
+pub const STAGE_BYTES: u64 = 2 << 20;
 /// Staging buffers in the ring: one being filled while the other's copy runs.
 pub const STAGES: usize = 2;
 
@@ -27,7 +32,7 @@ const ROW_BYTES: u64 = TEX_W as u64 * TEXEL_BYTES;
 
 const _: () = assert!(STAGE_BYTES % ROW_BYTES == 0);
 
-/// The staging buffers a [`GpuContext`] keeps between texture uploads (see
+/// The staging buffers a [`GpuContext`] keeps between weight uploads (see
 /// [`GpuContext::release_staging`]).
 #[derive(Default)]
 pub struct StagingRing {
@@ -76,40 +81,64 @@ impl StagingRing {
     }
 }
 
-/// Writes one texture's bytes, row-major from texel 0, through the context's staging
-/// ring: [`TextureFill::write`] appends, [`TextureFill::finish`] pads the last row with
-/// zeros and checks that every row was written.
-pub struct TextureFill<'a> {
+/// Where a [`StagedFill`] writes: a weight texture (as wide as [`TEX_W`] texels, filled
+/// row-major from texel 0) or a buffer (from byte 0).
+#[derive(Clone, Copy)]
+pub enum Target<'a> {
+    Texture(&'a wgpu::Texture),
+    Buffer(&'a wgpu::Buffer),
+}
+
+impl Target<'_> {
+    /// Bytes the target holds, all of which a fill writes.
+    fn size(&self) -> u64 {
+        match self {
+            Target::Texture(t) => t.height() as u64 * ROW_BYTES,
+            Target::Buffer(b) => b.size(),
+        }
+    }
+}
+
+/// Writes a texture's or buffer's bytes in order through the context's staging ring:
+/// [`StagedFill::write`] appends, [`StagedFill::finish`] pads the rest of the target
+/// with zeros and copies what is left.
+pub struct StagedFill<'a> {
     ctx: &'a GpuContext,
     ring: std::sync::MutexGuard<'a, StagingRing>,
-    texture: &'a wgpu::Texture,
+    target: Target<'a>,
     /// The buffer being filled and its mapped view.
     current: Option<(usize, wgpu::BufferViewMut)>,
     /// Bytes in the current buffer.
     filled: u64,
-    /// The texture row the current buffer's bytes land on.
-    row: u32,
+    /// Bytes of the target already copied (the current buffer's offset in it).
+    done: u64,
 }
 
-impl<'a> TextureFill<'a> {
-    /// Starts filling `texture` (as wide as [`TEX_W`] texels).
-    pub fn new(ctx: &'a GpuContext, texture: &'a wgpu::Texture) -> Result<TextureFill<'a>> {
+impl<'a> StagedFill<'a> {
+    pub fn new(ctx: &'a GpuContext, target: Target<'a>) -> Result<StagedFill<'a>> {
         let ring = ctx
             .staging
             .lock()
             .map_err(|_| Error::gpu("the staging buffers were poisoned by a failed upload"))?;
-        Ok(TextureFill {
+        Ok(StagedFill {
             ctx,
             ring,
-            texture,
+            target,
             current: None,
             filled: 0,
-            row: 0,
+            done: 0,
         })
     }
 
     /// Appends `bytes`.
     pub fn write(&mut self, mut bytes: &[u8]) -> Result<()> {
+        let size = self.target.size();
+        if self.done + self.filled + bytes.len() as u64 > size {
+            return Err(Error::gpu(format!(
+                "{} bytes staged for a target of {size}",
+                self.done + self.filled + bytes.len() as u64
+            )));
+        }
         while !bytes.is_empty() {
             let free = (STAGE_BYTES - self.filled) as usize;
             let n = free.min(bytes.len());
@@ -125,27 +154,17 @@ impl<'a> TextureFill<'a> {
         Ok(())
     }
 
-    /// Pads the last row with zeros, copies what is left and checks that the texture's
-    /// every row was written.
+    /// Fills the rest of the target with zeros and copies what is left.
     pub fn finish(mut self) -> Result<()> {
-        if self.filled > 0 {
-            let end = self.filled.next_multiple_of(ROW_BYTES);
-            let at = self.filled as usize;
-            let zeros = vec![0u8; (end - self.filled) as usize];
-            self.view()?
-                .slice(at..at + zeros.len())
-                .copy_from_slice(&zeros);
-            self.filled = end;
-            self.flush()?;
+        let zeros = vec![0u8; ROW_BYTES as usize];
+        loop {
+            let rest = self.target.size() - self.done - self.filled;
+            if rest == 0 {
+                break;
+            }
+            self.write(&zeros[..rest.min(ROW_BYTES) as usize])?;
         }
-        let height = self.texture.height();
-        if self.row != height {
-            return Err(Error::gpu(format!(
-                "texture {height} rows high filled with {} rows",
-                self.row
-            )));
-        }
-        Ok(())
+        self.flush()
     }
 
     /// The mapped view of the buffer being filled, mapping the ring's next one first.
@@ -165,8 +184,9 @@ impl<'a> TextureFill<'a> {
         }
     }
 
-    /// Copies the current buffer's whole rows into the texture (one submission) and
-    /// moves on to the ring's next buffer.
+    /// Copies the current buffer's bytes into the target (one submission) and moves on
+    /// to the ring's next buffer. A texture takes whole rows: the buffer is full, or the
+    /// fill has reached the texture's end.
     fn flush(&mut self) -> Result<()> {
         let Some((i, view)) = self.current.take() else {
             return Ok(());
@@ -175,43 +195,56 @@ impl<'a> TextureFill<'a> {
         let buffer = self.ring.buffer(self.ctx, i);
         buffer.unmap();
         self.ring.mapped[i] = false;
-        let rows = (self.filled / ROW_BYTES) as u32;
-        if self.row + rows > self.texture.height() {
-            return Err(Error::gpu(format!(
-                "texture {} rows high written past its end",
-                self.texture.height()
-            )));
-        }
-        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_texture(
-            wgpu::TexelCopyBufferInfo {
-                buffer: &buffer,
-                layout: wgpu::TexelCopyBufferLayout {
-                    offset: 0,
-                    bytes_per_row: Some(ROW_BYTES as u32),
-                    rows_per_image: Some(rows),
-                },
-            },
-            wgpu::TexelCopyTextureInfo {
-                texture: self.texture,
-                mip_level: 0,
-                origin: wgpu::Origin3d {
-                    x: 0,
-                    y: self.row,
-                    z: 0,
-                },
-                aspect: wgpu::TextureAspect::All,
-            },
-            wgpu::Extent3d {
-                width: TEX_W,
-                height: rows,
-                depth_or_array_layers: 1,
-            },
-        );
-        self.ctx.queue.submit([enc.finish()]);
-        self.row += rows;
-        self.filled = 0;
         self.ring.next = (i + 1) % STAGES;
+        let mut enc = self.ctx.device.create_command_encoder(&Default::default());
+        match self.target {
+            Target::Buffer(dst) => {
+                enc.copy_buffer_to_buffer(&buffer, 0, dst, self.done, self.filled);
+            }
+            Target::Texture(texture) => {
+                copy_rows(&mut enc, &buffer, texture, self.done, self.filled)
+            }
+        }
+        self.ctx.queue.submit([enc.finish()]);
+        self.done += self.filled;
+        self.filled = 0;
         Ok(())
     }
+}
+
+/// Records the copy of `bytes` (whole texture rows) from the start of `src` into
+/// `texture` from byte `at` (a whole row) on.
+fn copy_rows(
+    enc: &mut wgpu::CommandEncoder,
+    src: &wgpu::Buffer,
+    texture: &wgpu::Texture,
+    at: u64,
+    bytes: u64,
+) {
+    let rows = (bytes / ROW_BYTES) as u32;
+    enc.copy_buffer_to_texture(
+        wgpu::TexelCopyBufferInfo {
+            buffer: src,
+            layout: wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(ROW_BYTES as u32),
+                rows_per_image: Some(rows),
+            },
+        },
+        wgpu::TexelCopyTextureInfo {
+            texture,
+            mip_level: 0,
+            origin: wgpu::Origin3d {
+                x: 0,
+                y: (at / ROW_BYTES) as u32,
+                z: 0,
+            },
+            aspect: wgpu::TextureAspect::All,
+        },
+        wgpu::Extent3d {
+            width: TEX_W,
+            height: rows,
+            depth_or_array_layers: 1,
+        },
+    );
 }

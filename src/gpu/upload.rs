@@ -1,13 +1,13 @@
-//! Weights go from the memory-mapped file into GPU buffers: each buffer is created
-//! mapped and the tensor's rows are copied straight from the map into it, in the
-//! layout of [`super::layout`] (the file encoding, or its bytes reordered planar per
-//! row). A tensor larger than one storage binding allows is split into row ranges.
+//! Weights go from the memory-mapped file into GPU buffers or textures, in the layout
+//! of [`super::layout`] (the file encoding, or its bytes reordered planar per row): the
+//! tensor's rows are copied from the map into a small ring of staging buffers, a few
+//! MiB at a time, and from there by the device into the weight's own memory
+//! ([`super::staging`]); no copy of the model is ever held on the host. A tensor larger
+//! than one storage binding allows is split into row ranges.
 //!
 //! Where the context keeps a type's weights in textures ([`GpuContext::matrix_memory`]), a
-//! matrix's bytes run row-major through rgba32uint texels instead, [`TEX_W`] texels to
-//! a texture row (`shaders/common/w_texture.wgsl` reads them): they are written the same
-//! way into a small ring of staging buffers and copied into the texture piece by piece
-//! ([`super::staging`]).
+//! matrix's bytes run row-major through rgba32uint texels, [`TEX_W`] texels to a texture
+//! row (`shaders/common/w_texture.wgsl` reads them).
 
 use wgpu::util::DeviceExt;
 
@@ -15,7 +15,7 @@ use crate::gguf::TensorInfo;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
-use super::staging::TextureFill;
+use super::staging::{StagedFill, Target};
 use super::GpuContext;
 
 /// Where weights are held: storage buffers, or textures bound as read-only storage
@@ -320,26 +320,26 @@ fn upload_rows(
 ) -> Result<PartMemory> {
     let n_rows: usize = srcs.iter().map(|b| b.len() / rows.file.max(1)).sum();
     let bytes = ((n_rows * rows.gpu) as u64).max(16);
-    if memory == WeightMemory::Buffer {
-        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    let part = if memory == WeightMemory::Buffer {
+        PartMemory::Buffer(ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: bytes.next_multiple_of(16),
-            usage: weight_usage(ctx),
-            mapped_at_creation: true,
-        });
-        fill(&buffer, label, srcs, rows, copied)?;
-        buffer.unmap();
-        return Ok(PartMemory::Buffer(buffer));
-    }
-    let height = scratch_rows(bytes) as u32;
-    let texture = weight_texture(ctx, label, height);
-    let mut stream = TextureFill::new(ctx, &texture)?;
-    walk_rows(srcs, rows, copied, &mut |_, gpu_bytes| {
-        stream.write(gpu_bytes)
-    })?;
+            usage: WEIGHT_USAGE,
+            mapped_at_creation: false,
+        }))
+    } else {
+        let texture = weight_texture(ctx, label, scratch_rows(bytes) as u32);
+        let view = texture.create_view(&Default::default());
+        PartMemory::Texture(texture, view)
+    };
+    let target = match &part {
+        PartMemory::Buffer(b) => Target::Buffer(b),
+        PartMemory::Texture(t, _) => Target::Texture(t),
+    };
+    let mut stream = StagedFill::new(ctx, target)?;
+    walk_rows(srcs, rows, copied, &mut |gpu_bytes| stream.write(gpu_bytes))?;
     stream.finish()?;
-    let view = texture.create_view(&Default::default());
-    Ok(PartMemory::Texture(texture, view))
+    Ok(part)
 }
 
 /// Rows of [`TEX_W`] texels that hold `bytes` bytes.
@@ -438,68 +438,42 @@ pub fn weight_texture(ctx: &GpuContext, label: &str, height: u32) -> wgpu::Textu
     })
 }
 
-/// Writes the file rows of `srcs` in the GPU layout into `buffer`, mapped at creation
-/// (whose padding stays zero, as mapped buffers start zeroed).
-fn fill(
-    buffer: &wgpu::Buffer,
-    label: &str,
-    srcs: &[&[u8]],
-    rows: Rows,
-    copied: &mut dyn FnMut(&[u8]),
-) -> Result<()> {
-    let mut view = buffer
-        .get_mapped_range_mut(..)
-        .map_err(|e| Error::gpu(format!("mapping the buffer for {label}: {e}")))?;
-    walk_rows(srcs, rows, copied, &mut |at, bytes| {
-        view.slice(at..at + bytes.len()).copy_from_slice(bytes);
-        Ok(())
-    })
-}
-
-/// Hands the file rows of `srcs` to `put` in the GPU layout, in order, each piece with
-/// its byte offset in that layout: runs of rows as they lie in the file, or one row at
-/// a time where the layout reorders a row's fields (through a row-sized scratch).
-/// `copied` gets each run of the file once it has been put.
+/// Hands the file rows of `srcs` to `put` in the GPU layout, in order: runs of rows as
+/// they lie in the file, or one row at a time where the layout reorders a row's fields
+/// (through a row-sized scratch). `copied` gets each run of the file once it has been
+/// put.
 fn walk_rows(
     srcs: &[&[u8]],
     rows: Rows,
     copied: &mut dyn FnMut(&[u8]),
-    put: &mut dyn FnMut(usize, &[u8]) -> Result<()>,
+    put: &mut dyn FnMut(&[u8]) -> Result<()>,
 ) -> Result<()> {
     let run_rows = (COPY_RUN / rows.file.max(1)).max(1);
     let runs = srcs.iter().flat_map(|b| b.chunks(run_rows * rows.file));
     let planar = super::layout::planes(rows.ty).is_some();
     let mut row = vec![0u8; if planar { rows.gpu } else { 0 }];
-    let mut at = 0;
     for src in runs {
         if !planar {
-            put(at, src)?;
+            put(src)?;
         } else {
-            for (k, s) in src.chunks(rows.file).enumerate() {
+            for s in src.chunks(rows.file) {
                 super::layout::write_row(rows.ty, s, &mut row);
-                put(at + k * rows.gpu, &row)?;
+                put(&row)?;
             }
         }
-        at += src.len() / rows.file.max(1) * rows.gpu;
         copied(src);
     }
     Ok(())
 }
 
-/// Usage of a weight buffer. With unified memory it is mappable, so the mapped range
-/// written at creation is the buffer itself; elsewhere wgpu stages the bytes and copies
-/// them at the next submission (see [`flush_uploads`]).
-pub fn weight_usage(ctx: &GpuContext) -> wgpu::BufferUsages {
-    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC;
-    if ctx.unified {
-        usage | wgpu::BufferUsages::MAP_WRITE
-    } else {
-        usage
-    }
-}
+/// Usage of a weight buffer: read by kernels, filled by copies from the staging ring,
+/// and copied out by tests and tools.
+pub const WEIGHT_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
 
-/// Submits the staged uploads and waits for them, freeing their staging memory: called
-/// every few tens of MiB, so an upload never holds a second copy of the whole model.
+/// Submits any queued writes and waits for everything submitted to finish (weight
+/// uploads included).
 pub fn flush_uploads(ctx: &GpuContext) -> Result<()> {
     ctx.queue.submit(std::iter::empty());
     ctx.device

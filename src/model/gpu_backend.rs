@@ -892,18 +892,9 @@ fn upload_weights(
     } else {
         indicatif::ProgressBar::hidden()
     };
-    // Staged bytes are freed once submitted and copied; flushing every so often keeps
-    // the upload's peak memory near the model's size.
-    const FLUSH_BYTES: u64 = 64 << 20;
-    let staged = std::cell::Cell::new(0u64);
     let uploaded = |info: &TensorInfo| -> Result<()> {
         file.release(info);
         bar.inc(info.n_bytes);
-        staged.set(staged.get() + info.n_bytes);
-        if !ctx.unified && staged.get() >= FLUSH_BYTES {
-            crate::gpu::upload::flush_uploads(ctx)?;
-            staged.set(0);
-        }
         Ok(())
     };
     // Copied bytes need not stay resident in the map: released run by run, a large
@@ -951,6 +942,7 @@ fn upload_weights(
         None => None,
     };
     bar.finish_and_clear();
+    // wgpu keeps the ring's buffers until their last copies have run.
     ctx.release_staging();
     Ok(ModelWeights {
         token_embd,

@@ -37,59 +37,77 @@ fn best(reps: usize, bytes: u64, mut f: impl FnMut() -> Result<()>) -> Result<f6
 }
 
 /// The device's write bandwidth from the host, each path waited for: into fresh
-/// buffers as a model load writes (`queue.write_buffer`, and one plain copy into a
-/// weight buffer mapped at creation, the upload's own path without its reordering or
-/// page release), and `queue.write_buffer` into a buffer already resident (no
-/// first-touch page faults). The peak is the fastest of the three.
-fn write_peak(ctx: &GpuContext, src: &[u8], reps: usize) -> Result<[f64; 3]> {
+/// buffers (`queue.write_buffer`, and the host writing a mappable buffer mapped at
+/// creation) and into buffers already resident (no first-touch page faults):
+/// `queue.write_buffer`, and the host writing a mappable buffer mapped again (on
+/// devices whose memory is host memory, the plain write bandwidth). The peak is the
+/// fastest of the four.
+fn write_peak(ctx: &GpuContext, src: &[u8], reps: usize) -> Result<[f64; 4]> {
     let bytes = src.len() as u64;
-    let fresh_queue = best(reps, bytes, || {
-        let dst = wgllm::gpu::upload::storage(ctx, "upload peak", bytes)?;
-        ctx.queue.write_buffer(&dst, 0, src);
-        flush_uploads(ctx)
-    })?;
-    let mapped = best(reps, bytes, || {
-        let b = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    let mappable = |mapped_at_creation| {
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("upload peak mapped"),
             size: bytes,
-            usage: wgllm::gpu::upload::weight_usage(ctx),
-            mapped_at_creation: true,
-        });
+            usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation,
+        })
+    };
+    let write_mapped = |b: &wgpu::Buffer| -> Result<()> {
         b.get_mapped_range_mut(..)
             .map_err(|e| Error::gpu(format!("mapping: {e}")))?
             .copy_from_slice(src);
         b.unmap();
         flush_uploads(ctx)
-    })?;
-    let dst = wgllm::gpu::upload::storage(ctx, "upload peak resident", bytes)?;
-    let resident = best(reps, bytes, || {
+    };
+    let fresh_queue = best(reps, bytes, || {
+        let dst = wgllm::gpu::upload::storage(ctx, "upload peak", bytes)?;
         ctx.queue.write_buffer(&dst, 0, src);
         flush_uploads(ctx)
     })?;
-    Ok([fresh_queue, mapped, resident])
+    let fresh_mapped = best(reps, bytes, || write_mapped(&mappable(true)))?;
+    let dst = wgllm::gpu::upload::storage(ctx, "upload peak resident", bytes)?;
+    let resident_queue = best(reps, bytes, || {
+        ctx.queue.write_buffer(&dst, 0, src);
+        flush_uploads(ctx)
+    })?;
+    let resident = mappable(true);
+    write_mapped(&resident)?;
+    let resident_mapped = best(reps, bytes, || {
+        let (tx, rx) = std::sync::mpsc::channel();
+        resident.map_async(wgpu::MapMode::Write, .., move |r| {
+            let _ = tx.send(r);
+        });
+        flush_uploads(ctx)?;
+        rx.recv()
+            .map_err(|_| Error::gpu("map callback never ran"))?
+            .map_err(|e| Error::gpu(format!("mapping: {e}")))?;
+        write_mapped(&resident)
+    })?;
+    Ok([fresh_queue, fresh_mapped, resident_queue, resident_mapped])
 }
 
 pub fn run(a: &UploadArgs) -> Result<()> {
     let ctx = crate::context(&a.device)?;
     println!("device: {}", ctx.describe());
-    println!("unified memory (weights written in place): {}", ctx.unified);
     let cap = ctx.max_binding().min(ctx.limits.max_buffer_size);
     let bytes = (a.mib << 20).min(cap) as usize;
     // Cheap non-zero contents, resident before any timing.
     let src: Vec<u8> = (0..bytes)
         .map(|i| (i as u32).wrapping_mul(2654435761) as u8)
         .collect();
-    let [queue, mapped, resident] = write_peak(&ctx, &src, a.reps)?;
-    let peak = queue.max(mapped).max(resident);
+    let peaks = write_peak(&ctx, &src, a.reps)?;
+    let peak = peaks.into_iter().fold(0.0, f64::max);
     let mib = bytes >> 20;
     let pct = |g: f64| g / peak * 100.0;
     println!("| path | MiB | GB/s | of write peak |");
     println!("|---|---:|---:|---:|");
-    for (path, g) in [
-        ("fresh buffer, queue.write_buffer", queue),
-        ("fresh buffer, mapped at creation", mapped),
-        ("resident buffer, queue.write_buffer", resident),
-    ] {
+    let paths = [
+        "fresh buffer, queue.write_buffer",
+        "fresh mappable buffer, written mapped",
+        "resident buffer, queue.write_buffer",
+        "resident mappable buffer, written mapped",
+    ];
+    for (path, g) in paths.into_iter().zip(peaks) {
         println!("| {path} | {mib} | {g:.2} | {:.0}% |", pct(g));
     }
     for ty in [
