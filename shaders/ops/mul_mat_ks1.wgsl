@@ -22,7 +22,9 @@
 // indexes lane by lane; here a row's four sums are one vec4 in registers, and the run
 // is 1.2-1.7x faster on lavapipe (576 and 640 columns, batch 64 and 512,
 // docs/perf.md). A single token's build leaves the tile out: holding it, the kernel
-// ran single tokens 1.15-1.4x slower.
+// ran single tokens 1.15-1.4x slower. In a batch step both builds run, the tile build
+// over the batch's whole tiles and the single-token build over the one to three tokens
+// left.
 //
 // Params: common/mul_mat_params.wgsl; bindings as `mul_mat_ks`, and the norm's weight
 // at 8 with NORM.
@@ -226,8 +228,11 @@ fn main(
             }
         }
     }
-    // Single tokens, and those a batch leaves after its tiles.
-    for (; t < n_out; t++) {
+    // Single tokens; in a batch, the one to three its whole tiles leave. The tile build
+    // runs the tiles in a dispatch of its own and leaves this loop out: with it, the
+    // build took lavapipe 1.3-2x as long to create (docs/perf.md).
+    let span = select(0u, n_out - t, n_out > t);
+    for (t += span / 4u * 4u; !TILE && t < n_out; t++) {
         let inv = norm_inv(first, t, l, n_chunks);
         let s0 = slot(first, t, 0u, l, n_chunks, inv);
         let s1 = slot(first, t, 1u, l, n_chunks, inv);

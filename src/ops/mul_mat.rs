@@ -308,6 +308,9 @@ enum Steps {
     One,
     /// Those with several.
     Several,
+    /// Those with one output token, and those with several that are not whole tiles of
+    /// four (`mul_mat_ks1`'s single-token build runs the tokens its tiles leave).
+    OneOrTail,
 }
 
 impl Steps {
@@ -317,15 +320,17 @@ impl Steps {
             Steps::Every => true,
             Steps::One => one,
             Steps::Several => !one,
+            Steps::OneOrTail => one || s.n_tokens % 4 != 0,
         }
     }
 }
 
 /// The kernels of a product of `cols` and the steps each runs in: the variant's, or
-/// where [`ks1_fits`], `mul_mat_ks1` for single tokens and for batches its build with
-/// tiles of four tokens (`Ks`; `KsU` batches run its own tiles), which a product of
-/// the last token alone never compiles. With `normed`, both fold in the norm before the
-/// product ([`folds_norm`]).
+/// where [`ks1_fits`], `mul_mat_ks1` for single tokens and, in batches, its build with
+/// tiles of four tokens over the whole tiles beside the single-token build over the
+/// one to three tokens left (`Ks`; `KsU` batches run its own tiles). A product of the
+/// last token alone never compiles the tile build. With `normed`, both fold in the norm
+/// before the product ([`folds_norm`]).
 fn kernels(
     ctx: &GpuContext,
     (ty, n_cols, memory): (GgmlType, u64, WeightMemory),
@@ -347,18 +352,22 @@ fn kernels(
         normed,
         tile: false,
     };
-    let mut k = vec![(kernel_pipeline(ctx, ty, v, memory, Some(one))?, Steps::One)];
-    if cols == Columns::All {
-        let batches = match v {
-            Variant::Ks => {
-                let tiled = Ks1 { tile: true, ..one };
-                kernel_pipeline(ctx, ty, v, memory, Some(tiled))?
-            }
-            _ => pipeline(ctx, ty, v, memory)?,
-        };
-        k.push((batches, Steps::Several));
+    let single = kernel_pipeline(ctx, ty, v, memory, Some(one))?;
+    if cols == Columns::Last {
+        return Ok(vec![(single, Steps::One)]);
     }
-    Ok(k)
+    Ok(match v {
+        // The tile build runs a batch's whole tiles, the single-token build the rest.
+        Variant::Ks => {
+            let tiled = Ks1 { tile: true, ..one };
+            let tiles = kernel_pipeline(ctx, ty, v, memory, Some(tiled))?;
+            vec![(single, Steps::OneOrTail), (tiles, Steps::Several)]
+        }
+        _ => vec![
+            (single, Steps::One),
+            (pipeline(ctx, ty, v, memory)?, Steps::Several),
+        ],
+    })
 }
 
 /// How `mul_mat_win` walks a row of type `ty`: windows of whole blocks, at most
