@@ -402,9 +402,8 @@ impl GpuContext {
     /// Frees the staging buffers weight textures were filled through, once a model's
     /// weights are all uploaded; the next texture upload creates them again.
     pub fn release_staging(&self) {
-        if let Ok(mut ring) = self.staging.lock() {
-            *ring = Default::default();
-        }
+        let mut ring = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        *ring = Default::default();
     }
 
     pub fn is_lost(&self) -> bool {

@@ -50,7 +50,7 @@ impl StagingRing {
         while self.buffers.len() <= i {
             self.buffers
                 .push(ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("texture staging"),
+                    label: Some("weight staging"),
                     size: STAGE_BYTES,
                     usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
                     mapped_at_creation: true,
@@ -72,7 +72,7 @@ impl StagingRing {
         });
         ctx.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| Error::gpu(format!("waiting for a texture upload: {e}")))?;
+            .map_err(|e| Error::gpu(format!("waiting for a weight upload: {e}")))?;
         rx.recv()
             .map_err(|_| Error::gpu("mapping a staging buffer: the callback never ran"))?
             .map_err(|e| Error::gpu(format!("mapping a staging buffer: {e}")))?;
@@ -115,19 +115,21 @@ pub struct StagedFill<'a> {
 }
 
 impl<'a> StagedFill<'a> {
-    pub fn new(ctx: &'a GpuContext, target: Target<'a>) -> Result<StagedFill<'a>> {
-        let ring = ctx
-            .staging
-            .lock()
-            .map_err(|_| Error::gpu("the staging buffers were poisoned by a failed upload"))?;
-        Ok(StagedFill {
+    pub fn new(ctx: &'a GpuContext, target: Target<'a>) -> StagedFill<'a> {
+        // A fill that panicked left the ring in an unknown state: start a new one.
+        let ring = ctx.staging.lock().unwrap_or_else(|poisoned| {
+            let mut ring = poisoned.into_inner();
+            *ring = StagingRing::default();
+            ring
+        });
+        StagedFill {
             ctx,
             ring,
             target,
             current: None,
             filled: 0,
             done: 0,
-        })
+        }
     }
 
     /// Appends `bytes`.

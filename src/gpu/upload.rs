@@ -336,7 +336,7 @@ fn upload_rows(
         PartMemory::Buffer(b) => Target::Buffer(b),
         PartMemory::Texture(t, _) => Target::Texture(t),
     };
-    let mut stream = StagedFill::new(ctx, target)?;
+    let mut stream = StagedFill::new(ctx, target);
     walk_rows(srcs, rows, copied, &mut |gpu_bytes| stream.write(gpu_bytes))?;
     stream.finish()?;
     Ok(part)
