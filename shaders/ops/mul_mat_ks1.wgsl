@@ -38,7 +38,7 @@ override WG: u32 = 8u;
 // Rows per workgroup, as `mul_mat_ks`.
 const ROWS: u32 = 64u;
 // Chunks per lane, 1 to 6: the fewest that cover a row (`ops::mul_mat::ks1_slots`).
-// The loads and dot products of the slots past SLOTS fold away.
+// The host drops the slots past SLOTS from the source (see `row_dot`).
 override SLOTS: u32 = 3u;
 // Lane l holds chunks l * SLOTS .. (a contiguous run) rather than l, l + WG, ..; as
 // `RUNS` in `mul_mat_ks`.
@@ -132,53 +132,43 @@ fn slot_dot(row_byte: u32, s: Slot) -> f32 {
     return s.on * wdot32(row_byte, s.c, s.x, s.xs);
 }
 
-// Row `rb` dotted with a lane's slots: those past SLOTS fold away. (WGSL has no generic
-// functions: `row_dot4` is the same sum over the four tokens' slots.)
-fn row_dot(rb: u32, s0: Slot, s1: Slot, s2: Slot, s3: Slot, s4: Slot, s5: Slot) -> f32 {
+// Row `rb` dotted with a lane's slots. Every line of slot k > 0 ends in a `@slot k`
+// mark: the host drops the lines of the slots past SLOTS from the source before
+// compiling it (`gpu::shaders::keep_slots`), so the driver never sees them. (WGSL has
+// no generic functions: `row_dot4` is the same sum over the four tokens' slots.)
+fn row_dot(
+    rb: u32,
+    s0: Slot,
+    s1: Slot, // @slot 1
+    s2: Slot, // @slot 2
+    s3: Slot, // @slot 3
+    s4: Slot, // @slot 4
+    s5: Slot, // @slot 5
+) -> f32 {
     var v = slot_dot(rb, s0);
-    if (SLOTS > 1u) {
-        v += slot_dot(rb, s1);
-    }
-    if (SLOTS > 2u) {
-        v += slot_dot(rb, s2);
-    }
-    if (SLOTS > 3u) {
-        v += slot_dot(rb, s3);
-    }
-    if (SLOTS > 4u) {
-        v += slot_dot(rb, s4);
-    }
-    if (SLOTS > 5u) {
-        v += slot_dot(rb, s5);
-    }
+    v += slot_dot(rb, s1); // @slot 1
+    v += slot_dot(rb, s2); // @slot 2
+    v += slot_dot(rb, s3); // @slot 3
+    v += slot_dot(rb, s4); // @slot 4
+    v += slot_dot(rb, s5); // @slot 5
     return v;
 }
 
 fn row_dot4(
     rb: u32,
     s0: Slot4,
-    s1: Slot4,
-    s2: Slot4,
-    s3: Slot4,
-    s4: Slot4,
-    s5: Slot4,
+    s1: Slot4, // @slot 1
+    s2: Slot4, // @slot 2
+    s3: Slot4, // @slot 3
+    s4: Slot4, // @slot 4
+    s5: Slot4, // @slot 5
 ) -> vec4<f32> {
     var v = slot4_dot(rb, s0);
-    if (SLOTS > 1u) {
-        v += slot4_dot(rb, s1);
-    }
-    if (SLOTS > 2u) {
-        v += slot4_dot(rb, s2);
-    }
-    if (SLOTS > 3u) {
-        v += slot4_dot(rb, s3);
-    }
-    if (SLOTS > 4u) {
-        v += slot4_dot(rb, s4);
-    }
-    if (SLOTS > 5u) {
-        v += slot4_dot(rb, s5);
-    }
+    v += slot4_dot(rb, s1); // @slot 1
+    v += slot4_dot(rb, s2); // @slot 2
+    v += slot4_dot(rb, s3); // @slot 3
+    v += slot4_dot(rb, s4); // @slot 4
+    v += slot4_dot(rb, s5); // @slot 5
     return v;
 }
 
@@ -208,15 +198,23 @@ fn main(
             norm_inv(first, t + 3u, l, n_chunks),
         );
         let s0 = slot4(first, t, 0u, l, n_chunks, inv);
-        let s1 = slot4(first, t, 1u, l, n_chunks, inv);
-        let s2 = slot4(first, t, 2u, l, n_chunks, inv);
-        let s3 = slot4(first, t, 3u, l, n_chunks, inv);
-        let s4 = slot4(first, t, 4u, l, n_chunks, inv);
-        let s5 = slot4(first, t, 5u, l, n_chunks, inv);
+        let s1 = slot4(first, t, 1u, l, n_chunks, inv); // @slot 1
+        let s2 = slot4(first, t, 2u, l, n_chunks, inv); // @slot 2
+        let s3 = slot4(first, t, 3u, l, n_chunks, inv); // @slot 3
+        let s4 = slot4(first, t, 4u, l, n_chunks, inv); // @slot 4
+        let s5 = slot4(first, t, 5u, l, n_chunks, inv); // @slot 5
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = vec4<f32>();
             for (var j = 0u; j < min(WG, nr - i0); j++) {
-                let v = row_dot4((r0 + i0 + j) * p.row_bytes, s0, s1, s2, s3, s4, s5);
+                let v = row_dot4(
+                    (r0 + i0 + j) * p.row_bytes,
+                    s0,
+                    s1, // @slot 1
+                    s2, // @slot 2
+                    s3, // @slot 3
+                    s4, // @slot 4
+                    s5, // @slot 5
+                );
                 mine = select(mine, subgroupAdd(v), l == j);
             }
             if (i0 + l < nr) {
@@ -235,15 +233,23 @@ fn main(
     for (t += span / 4u * 4u; !TILE && t < n_out; t++) {
         let inv = norm_inv(first, t, l, n_chunks);
         let s0 = slot(first, t, 0u, l, n_chunks, inv);
-        let s1 = slot(first, t, 1u, l, n_chunks, inv);
-        let s2 = slot(first, t, 2u, l, n_chunks, inv);
-        let s3 = slot(first, t, 3u, l, n_chunks, inv);
-        let s4 = slot(first, t, 4u, l, n_chunks, inv);
-        let s5 = slot(first, t, 5u, l, n_chunks, inv);
+        let s1 = slot(first, t, 1u, l, n_chunks, inv); // @slot 1
+        let s2 = slot(first, t, 2u, l, n_chunks, inv); // @slot 2
+        let s3 = slot(first, t, 3u, l, n_chunks, inv); // @slot 3
+        let s4 = slot(first, t, 4u, l, n_chunks, inv); // @slot 4
+        let s5 = slot(first, t, 5u, l, n_chunks, inv); // @slot 5
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = 0.0;
             for (var j = 0u; j < min(WG, nr - i0); j++) {
-                let v = row_dot((r0 + i0 + j) * p.row_bytes, s0, s1, s2, s3, s4, s5);
+                let v = row_dot(
+                    (r0 + i0 + j) * p.row_bytes,
+                    s0,
+                    s1, // @slot 1
+                    s2, // @slot 2
+                    s3, // @slot 3
+                    s4, // @slot 4
+                    s5, // @slot 5
+                );
                 mine = select(mine, subgroupAdd(v), l == j);
             }
             if (i0 + l < nr) {

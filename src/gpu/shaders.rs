@@ -319,6 +319,25 @@ pub fn quant_source_as(name: &str, ty: GgmlType, form: Form) -> Result<String> {
     Ok(hoist_directives(&join(&parts)))
 }
 
+/// `src` without the lines of `mul_mat_ks1`'s slots `slots` and up (those ending in an
+/// `@slot k` mark with k >= `slots`): the slots a kernel's `SLOTS` leaves unused, which
+/// lavapipe would otherwise translate and optimise before dropping them (the
+/// three-slot builds were 1.3-1.5x quicker to create without them, docs/perf.md).
+pub fn keep_slots(src: &str, slots: u32) -> String {
+    let unused = |line: &str| {
+        let Some((_, mark)) = line.rsplit_once("// @slot ") else {
+            return false;
+        };
+        mark.trim().parse::<u32>().is_ok_and(|k| k >= slots)
+    };
+    let mut out = String::with_capacity(src.len());
+    for line in src.lines().filter(|l| !unused(l)) {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
 /// WGSL requires `enable ...;` directives before any declaration; a kernel body that
 /// needs one (subgroups) states it at its top, and it is moved to the front here.
 fn hoist_directives(src: &str) -> String {
@@ -374,12 +393,23 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for (name, _) in QUANT_OPS.iter().filter(|(n, _)| keep(n)) {
         for ty in GgmlType::ALL {
-            if let Ok(src) = quant_source(name, ty) {
-                out.push((format!("{name}_{ty}"), src));
-            }
             let texture = Form::new(false, WeightMemory::Texture);
-            if let Ok(src) = quant_source_as(name, ty, texture) {
-                out.push((format!("{name}_{ty}_tex"), src));
+            let forms = [
+                (format!("{name}_{ty}"), quant_source(name, ty)),
+                (
+                    format!("{name}_{ty}_tex"),
+                    quant_source_as(name, ty, texture),
+                ),
+            ];
+            for (label, src) in forms {
+                let Ok(src) = src else { continue };
+                // `mul_mat_ks1` as it is built for each count of slots.
+                if name.starts_with("mul_mat_ks1") {
+                    for slots in 1..6 {
+                        out.push((format!("{label}_slots{slots}"), keep_slots(&src, slots)));
+                    }
+                }
+                out.push((label, src));
             }
         }
     }

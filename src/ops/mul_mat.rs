@@ -296,7 +296,11 @@ fn kernel_pipeline(
     }
     ctx.pipelines
         .get_laid_out(&ctx.device, &label, &consts, Some(&layout), || {
-            crate::gpu::shaders::quant_source_as(shader, ty, form)
+            let src = crate::gpu::shaders::quant_source_as(shader, ty, form)?;
+            Ok(match ks1 {
+                Some(k) => crate::gpu::shaders::keep_slots(&src, k.slots),
+                None => src,
+            })
         })
 }
 
