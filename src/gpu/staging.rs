@@ -22,7 +22,7 @@ use crate::{Error, Result};
 
 /// Bytes per staging buffer: a whole number of texture rows, so that every full buffer
 /// lands on whole rows of a texture. Measured on lavapipe (`wgllm-bench upload`), 2 MiB
-/// uploads as fast as 4 or 64 and holds 4-6 MiB less at the peak of a model's load.
+/// uploads as fast as 4 MiB and holds 4-6 MiB less at the peak of a model's load.
 pub const STAGE_BYTES: u64 = 2 << 20;
 /// Staging buffers in the ring: one being filled while the other's copy runs.
 pub const STAGES: usize = 2;
