@@ -125,7 +125,7 @@ pub struct GpuContext {
     forced_weights: Option<WeightMemory>,
     binding_cap: Option<u64>,
     lost: Arc<std::sync::atomic::AtomicBool>,
-    /// The buffers weight textures are filled through ([`super::staging`]).
+    /// The staging buffers every weight is uploaded through ([`super::staging`]).
     pub(crate) staging: std::sync::Mutex<super::staging::StagingRing>,
 }
 
@@ -399,8 +399,8 @@ impl GpuContext {
         device.min(cap)
     }
 
-    /// Frees the staging buffers weight textures were filled through, once a model's
-    /// weights are all uploaded; the next texture upload creates them again.
+    /// Frees the staging buffers weights are uploaded through, once a model's weights
+    /// are all uploaded; the next upload creates them again.
     pub fn release_staging(&self) {
         let mut ring = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         *ring = Default::default();

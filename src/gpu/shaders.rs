@@ -322,7 +322,7 @@ pub fn quant_source_as(name: &str, ty: GgmlType, form: Form) -> Result<String> {
 /// `src` without the lines of `mul_mat_ks1`'s slots `slots` and up (those ending in an
 /// `@slot k` mark with k >= `slots`): the slots a kernel's `SLOTS` leaves unused, which
 /// lavapipe would otherwise translate and optimise before dropping them (the
-/// three-slot builds were 1.3-1.5x quicker to create without them, docs/perf.md).
+/// three-slot builds were 1.2-1.9x quicker to create without them, docs/perf.md).
 pub fn keep_slots(src: &str, slots: u32) -> String {
     let unused = |line: &str| {
         let Some((_, mark)) = line.rsplit_once("// @slot ") else {

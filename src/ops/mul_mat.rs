@@ -176,6 +176,9 @@ const ROW_WG: u32 = 64;
 /// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
 const KS_ROWS: u32 = 64;
 
+/// Tokens per tile of `mul_mat_ks1`'s batch build (four sums in one vec4 there).
+const KS1_TILE: u32 = 4;
+
 /// Chunks of 32 elements each lane of `mul_mat_ks1` holds for rows of `n_chunks` chunks
 /// (`SLOTS` in mul_mat_ks1.wgsl): the fewest that cover the row, as every lane dots all
 /// its slots on every row (1.2-1.5x on 1024 columns at four slots against six, 1.1-1.8x
@@ -324,7 +327,7 @@ impl Steps {
             Steps::Every => true,
             Steps::One => one,
             Steps::Several => !one,
-            Steps::OneOrTail => one || s.n_tokens % 4 != 0,
+            Steps::OneOrTail => one || s.n_tokens % KS1_TILE != 0,
         }
     }
 }
