@@ -271,16 +271,20 @@ fn variants_small_block_types() {
                 // of up to 48 chunks run `mul_mat_ks1` in `ks` on 8-lane subgroups, with
                 // the fewest chunks per lane that cover the row: one up to 8 chunks,
                 // three at 576-768 columns (768 fills every lane's), four at 800, six at
-                // 1536 (full); 1568 run `ks` itself.
+                // 1536 (full); 1568 run `ks` itself. Batches of two to four run
+                // `ks`'s build without tiles, and `mul_mat_ks1`'s single-token build
+                // alone (three tokens: no whole tile of four).
                 for (rows, cols, toks) in [
                     (1, 32, 1),
                     (67, 96, 1),
+                    (67, 96, 3),
                     (33, 576, 7),
                     (257, 160, 9),
                     (67, 768, 1),
                     (65, 800, 1),
                     (33, 1536, 1),
                     (33, 1568, 1),
+                    (33, 1568, 4),
                 ] {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }

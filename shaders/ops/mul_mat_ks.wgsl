@@ -45,6 +45,12 @@ override PAIRED: bool = false;
 override RUNS: bool = true;
 // Tokens per tile (two vec4 accumulators per row).
 const TILE: u32 = 8u;
+// Whether this build runs tiles at all. Off, every token runs alone: the build for
+// steps of one to four tokens, whose tile loop would not run. llvmpipe takes 15-20 s
+// to JIT the tile loop's 128 accumulators (LLVM 15's coroutine pass on llvmpipe's
+// compute shaders), against 2-3 s for the rest, and it compiles a kernel on its first
+// dispatch: a build without tiles keeps that off short prompts and decoding.
+override TILES: bool = true;
 
 // Lane l's share of the items begin .. end as (first, end, step), per RUNS.
 fn lane_walk(begin: u32, end: u32, l: u32) -> vec3<u32> {
@@ -80,7 +86,7 @@ fn main(
     // keeps the `t + TILE <= end` form; `t + 1 < n_out` made every tile 1.3x slower.
     let rem = select(0u, (n_out - t) % TILE, n_out > t);
     let tiles_end = select(n_out - rem, n_out - rem + TILE, rem >= 5u);
-    for (; t + TILE <= tiles_end; t += TILE) {
+    for (; TILES && t + TILE <= tiles_end; t += TILE) {
         var acc = array<vec4<f32>, ROWS>();
         var acc2 = array<vec4<f32>, ROWS>();
         for (var c = l; c < n_chunks; c += WG) {

@@ -179,6 +179,10 @@ const KS_ROWS: u32 = 64;
 /// Tokens per tile of `mul_mat_ks1`'s batch build (four sums in one vec4 there).
 const KS1_TILE: u32 = 4;
 
+/// Fewest tokens for which `mul_mat_ks` runs a tile (of eight; five to seven run as one
+/// short tile): steps of fewer run its build without tiles.
+const KS_TILE_MIN: u32 = 5;
+
 /// Chunks of 32 elements each lane of `mul_mat_ks1` holds for rows of `n_chunks` chunks
 /// (`SLOTS` in mul_mat_ks1.wgsl): the fewest that cover the row, as every lane dots all
 /// its slots on every row (1.2-1.5x on 1024 columns at four slots against six, 1.1-1.8x
@@ -226,7 +230,21 @@ pub(crate) fn pipeline(
     v: Variant,
     memory: WeightMemory,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
-    kernel_pipeline(ctx, ty, v, memory, None)
+    kernel_pipeline(ctx, ty, v, memory, Build::Whole)
+}
+
+/// Which build of a variant's kernel.
+#[derive(Clone, Copy, Debug)]
+enum Build {
+    /// The variant's kernel, for any batch.
+    Whole,
+    /// `Ks` or `KsU` without its tile loop (`TILES` off in mul_mat_ks.wgsl): every
+    /// token alone, for steps of fewer than [`KS_TILE_MIN`] tokens. llvmpipe compiles a
+    /// kernel on its first dispatch, and the tile loop is most of that work (15-20 s
+    /// against 2-3 s, docs/perf.md): decoding and short prompts never pay it.
+    Untiled,
+    /// `mul_mat_ks1` (`Ks` and `KsU` only).
+    Ks1(Ks1),
 }
 
 /// How a `mul_mat_ks1` kernel is built.
@@ -240,15 +258,18 @@ struct Ks1 {
     tile: bool,
 }
 
-/// The pipeline of variant `v`, or with `Some(ks1)` its `mul_mat_ks1` kernel (`Ks` and
-/// `KsU` only).
+/// The pipeline of variant `v` in `build`.
 fn kernel_pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
     memory: WeightMemory,
-    ks1: Option<Ks1>,
+    build: Build,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
+    let ks1 = match build {
+        Build::Ks1(k) => Some(k),
+        _ => None,
+    };
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
@@ -286,6 +307,7 @@ fn kernel_pipeline(
                 ("WG", ctx.subgroup_min_size as f64),
                 ("PAIRED", ks_paired(ty) as u8 as f64),
                 ("RUNS", ks_runs(ty) as u8 as f64),
+                ("TILES", matches!(build, Build::Whole) as u8 as f64),
             ]
         }
     };
@@ -315,6 +337,13 @@ enum Steps {
     One,
     /// Those with several.
     Several,
+    /// Those whose tile loop in `mul_mat_ks` would not run: one output token, or fewer
+    /// than [`KS_TILE_MIN`].
+    Few,
+    /// The others.
+    Many,
+    /// Those with whole tiles of [`KS1_TILE`] tokens (`mul_mat_ks1`'s tile build).
+    Tiles,
     /// Those with one output token, and those with several that are not whole tiles of
     /// four (`mul_mat_ks1`'s single-token build runs the tokens its tiles leave).
     OneOrTail,
@@ -328,16 +357,20 @@ impl Steps {
             Steps::One => one,
             Steps::Several => !one,
             Steps::OneOrTail => one || s.n_tokens % KS1_TILE != 0,
+            Steps::Few => one || s.n_tokens < KS_TILE_MIN,
+            Steps::Many => !one && s.n_tokens >= KS_TILE_MIN,
+            Steps::Tiles => !one && s.n_tokens >= KS1_TILE,
         }
     }
 }
 
-/// The kernels of a product of `cols` and the steps each runs in: the variant's, or
-/// where [`ks1_fits`], `mul_mat_ks1` for single tokens and, in batches, its build with
-/// tiles of four tokens over the whole tiles beside the single-token build over the
-/// one to three tokens left (`Ks`; `KsU` batches run its own tiles). A product of the
-/// last token alone never compiles the tile build. With `normed`, both fold in the norm
-/// before the product ([`folds_norm`]).
+/// The kernels of a product of `cols` and the steps each runs in: the variant's (for
+/// `Ks` and `KsU`, its build without tiles in steps too short for one); or where
+/// [`ks1_fits`], `mul_mat_ks1` for single tokens and, in batches, its build with tiles
+/// of four tokens over the whole tiles beside the single-token build over the one to
+/// three tokens left (`Ks`; `KsU` batches run its own tiles). A product of the last
+/// token alone never compiles a tile build. With `normed`, both fold in the norm before
+/// the product ([`folds_norm`]).
 fn kernels(
     ctx: &GpuContext,
     (ty, n_cols, memory): (GgmlType, u64, WeightMemory),
@@ -352,14 +385,22 @@ fn kernels(
                 v.name()
             )));
         }
-        return Ok(vec![(pipeline(ctx, ty, v, memory)?, Steps::Every)]);
+        if !matches!(v, Variant::Ks | Variant::KsU) {
+            return Ok(vec![(pipeline(ctx, ty, v, memory)?, Steps::Every)]);
+        }
+        let untiled = kernel_pipeline(ctx, ty, v, memory, Build::Untiled)?;
+        if cols == Columns::Last {
+            return Ok(vec![(untiled, Steps::One)]);
+        }
+        let whole = pipeline(ctx, ty, v, memory)?;
+        return Ok(vec![(untiled, Steps::Few), (whole, Steps::Many)]);
     }
     let one = Ks1 {
         slots: ks1_slots(ctx, n_cols / 32),
         normed,
         tile: false,
     };
-    let single = kernel_pipeline(ctx, ty, v, memory, Some(one))?;
+    let single = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(one))?;
     if cols == Columns::Last {
         return Ok(vec![(single, Steps::One)]);
     }
@@ -367,8 +408,8 @@ fn kernels(
         // The tile build runs a batch's whole tiles, the single-token build the rest.
         Variant::Ks => {
             let tiled = Ks1 { tile: true, ..one };
-            let tiles = kernel_pipeline(ctx, ty, v, memory, Some(tiled))?;
-            vec![(single, Steps::OneOrTail), (tiles, Steps::Several)]
+            let tiles = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(tiled))?;
+            vec![(single, Steps::OneOrTail), (tiles, Steps::Tiles)]
         }
         _ => vec![
             (single, Steps::One),
