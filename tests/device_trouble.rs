@@ -82,13 +82,22 @@ fn no_adapter_runs_on_the_cpu_unless_a_gpu_is_asked_for() {
         "{stderr}"
     );
     assert!(stderr.contains("--device"), "{stderr}");
-    // GPU layers asked for: an error that says how to get a GPU, or how to do without.
+    // GPU layers asked for: an error that names the backend list that found nothing,
+    // and how to do without.
     let err = one_error(&run(&["--gpu-layers", "5"]));
     assert!(err.contains("no GPU adapter found"), "{err}");
+    assert!(err.contains("WGPU_BACKEND=\"dx12\""), "{err}");
     assert!(err.contains("Vulkan driver"), "{err}");
     assert!(err.contains("--gpu-layers 0"), "{err}");
     let err = one_error(&run(&["--device", "0"]));
     assert!(err.contains("no GPU adapter found"), "{err}");
+    // A name wgpu does not know selects no backend: the same error, naming it.
+    let out = wgllm(
+        &["run", "-m", m, "-p", "hi", "-n", "1", "--device", "0"],
+        &[("WGPU_BACKEND", "vulcan")],
+    );
+    let err = one_error(&out);
+    assert!(err.contains("WGPU_BACKEND=\"vulcan\""), "{err}");
     assert!(run(&["--gpu-layers", "0"]).status.success());
     let out = wgllm(&["devices"], &[("WGPU_BACKEND", "dx12")]);
     let stdout = String::from_utf8_lossy(&out.stdout);

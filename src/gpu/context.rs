@@ -211,17 +211,26 @@ const NO_ADAPTER_HELP: &str = "no GPU adapter found. Install a Vulkan driver (on
      apt-get install mesa-vulkan-drivers libvulkan1 for the CPU-based lavapipe), or run on the CPU \
      with --gpu-layers 0";
 
+/// The error for an empty adapter list: where `WGPU_BACKEND` narrowed the search, that
+/// is the likelier cause (a misspelt name selects no backend at all), so it says so.
+fn no_adapter() -> Error {
+    match std::env::var("WGPU_BACKEND") {
+        Ok(v) => Error::gpu(format!(
+            "{NO_ADAPTER_HELP}. WGPU_BACKEND={v:?} narrows the search to the backends it names \
+             (a comma-separated list of vulkan, metal, dx12, gl): unset it to search them all"
+        )),
+        Err(_) => Error::gpu(NO_ADAPTER_HELP),
+    }
+}
+
 /// The adapter `opts` names, else the first of [`enumerate`].
 pub fn pick_adapter(opts: &DeviceOptions) -> Result<wgpu::Adapter> {
     let adapters = enumerate();
     if adapters.is_empty() {
-        return Err(Error::gpu(NO_ADAPTER_HELP));
+        return Err(no_adapter());
     }
     let Some(want) = opts.device.as_deref() else {
-        return adapters
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::gpu(NO_ADAPTER_HELP));
+        return adapters.into_iter().next().ok_or_else(no_adapter);
     };
     let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
     if let Ok(i) = want.parse::<usize>() {
