@@ -157,6 +157,7 @@ fn check_fused(
 /// A product with the norm before it folded into its kernels (`mul_mat::gpu_normed`):
 /// y = W (rms_norm(x) * nw), from the raw residual stream `x` (the step records no norm
 /// dispatch).
+/// Returns the labels of the dispatches that ran.
 fn check_normed(
     ctx: &GpuContext,
     ty: GgmlType,
@@ -164,7 +165,7 @@ fn check_normed(
     n_cols: usize,
     n_tokens: usize,
     cols: Columns,
-) {
+) -> Vec<String> {
     let ws: Vec<Vec<u8>> = (0..rows.len())
         .map(|i| weight(ty, rows[i], n_cols, 41 + i as u64))
         .collect();
@@ -206,6 +207,7 @@ fn check_normed(
             label(ctx)
         );
     }
+    d.iter().map(|d| d.label.clone()).collect()
 }
 
 /// The norm folded into products, where the device runs them in `mul_mat_ks1`: types
@@ -247,6 +249,17 @@ fn norm_folded_into_products() {
             check_normed(ctx, ty, &[67], n_cols, 8, Columns::All);
             check_normed(ctx, ty, &[70, 33, 33], n_cols, 1, Columns::All);
             check_normed(ctx, ty, &[70, 33, 33], n_cols, 6, Columns::All);
+            // A head's worth of weights (over 4M) for the last token alone runs on a
+            // uniform copy of the residual stream (`KsU`), the norm still folded in.
+            if n_cols <= 640 {
+                let head = (1usize << 22).div_ceil(n_cols) + 3;
+                let labels = check_normed(ctx, ty, &[head], n_cols, 5, Columns::Last);
+                assert!(
+                    labels.iter().any(|l| l.starts_with("mul_mat x copy")),
+                    "{ty} head on {}: {labels:?}",
+                    label(ctx)
+                );
+            }
         }
     }
     // lavapipe runs `ks` with 8-lane subgroups: the folded kernel must have run there.

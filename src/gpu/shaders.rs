@@ -214,6 +214,18 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_XU,
         ],
     ),
+    (
+        "mul_mat_ks1un",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            X_CHUNK,
+            X_NORM,
+            MUL_MAT_KS1,
+            MUL_MAT_XU,
+        ],
+    ),
     ("get_rows", &[W_STORAGE, wgsl!("ops/get_rows.wgsl")]),
 ];
 

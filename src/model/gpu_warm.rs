@@ -31,6 +31,9 @@ use crate::{Error, Result};
 struct Shape {
     ty: GgmlType,
     n_cols: u64,
+    /// Rows (of every matrix fused into it): large products of the last token run
+    /// another variant (`mul_mat::warm`).
+    n_rows: u64,
 }
 
 /// Most threads that compile at once: each holds a compiler's working memory.
@@ -40,7 +43,7 @@ const MAX_THREADS: usize = 4;
 struct Warm<'a> {
     ctx: &'a GpuContext,
     jobs: Vec<WarmJob<'a>>,
-    mats: HashSet<(GgmlType, u64, Columns, bool)>,
+    mats: HashSet<(GgmlType, u64, u64, Columns, bool)>,
     attention: bool,
     /// The row length of the last norm of the residual stream, while the products
     /// after it may fold it in (as `gpu_backend`'s recorder does).
@@ -52,13 +55,13 @@ impl Warm<'_> {
     /// outputs or add to them; with the norm before them folded in where the recorder
     /// will fold it (`reads_norm`: the product reads the last norm's output).
     fn mat(&mut self, w: &Shape, cols: Columns, reads_norm: bool) -> Result<()> {
-        let (ctx, ty, n_cols) = (self.ctx, w.ty, w.n_cols);
+        let (ctx, ty, n_cols, n_rows) = (self.ctx, w.ty, w.n_cols, w.n_rows);
         let normed = reads_norm
             && self.norm.is_some_and(|n| n as u64 == n_cols)
             && mul_mat::folds_norm(ctx, ty, n_cols, ctx.matrix_memory(ty));
-        if self.mats.insert((ty, n_cols, cols, normed)) {
+        if self.mats.insert((ty, n_cols, n_rows, cols, normed)) {
             self.jobs.push(Box::new(move || {
-                mul_mat::warm(ctx, ty, n_cols, cols, normed)
+                mul_mat::warm(ctx, (ty, n_rows, n_cols), cols, normed)
             }));
         }
         Ok(())
@@ -143,6 +146,7 @@ pub fn warm(
         Ok(Shape {
             ty: t.ty,
             n_cols: t.dims.first().copied().unwrap_or(0),
+            n_rows: t.dims.get(1).copied().unwrap_or(1),
         })
     };
     let scratch = graph::Scratch {
@@ -221,6 +225,10 @@ fn fused_shape(ctx: &GpuContext, file: &GgufFile, names: &[&str]) -> Result<Opti
         super::gpu_backend::fusable(ctx, file, names).map(|infos| Shape {
             ty: infos[0].ty,
             n_cols: infos[0].dims[0],
+            n_rows: infos
+                .iter()
+                .map(|i| i.dims.get(1).copied().unwrap_or(1))
+                .sum(),
         }),
     )
 }

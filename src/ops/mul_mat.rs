@@ -61,7 +61,9 @@ pub enum Variant {
     /// chunks split across its lanes, each activation chunk loaded once for all rows
     /// (needs subgroups of a fixed size).
     Ks,
-    /// `Ks` with the activations copied into a uniform buffer first, as `WinU`.
+    /// `Ks` with the activations copied into a uniform buffer first, as `WinU`. Large
+    /// products of the last token alone (output heads) run it in place of `Ks`
+    /// ([`for_product`]).
     KsU,
 }
 
@@ -279,11 +281,11 @@ fn kernel_pipeline(
         (Some(k), Variant::Ks) if k.normed => "mul_mat_ks1n",
         (Some(_), Variant::Ks) => "mul_mat_ks1",
         (Some(k), Variant::KsU) if !k.normed => "mul_mat_ks1u",
+        (Some(_), Variant::KsU) => "mul_mat_ks1un",
         (Some(_), v) => {
             return Err(Error::gpu(format!(
-                "mul_mat variant {} has no mul_mat_ks1 kernel{}",
-                v.name(),
-                if normed { " with a norm" } else { "" }
+                "mul_mat variant {} has no mul_mat_ks1 kernel",
+                v.name()
             )))
         }
     };
@@ -411,11 +413,43 @@ fn kernels(
             let tiles = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(tiled))?;
             vec![(single, Steps::OneOrTail), (tiles, Steps::Tiles)]
         }
+        // `KsU` folds a norm only into products of the last token (`for_product`).
+        _ if normed => {
+            return Err(Error::Unsupported(format!(
+                "a norm folded into a {} {ty} product of every token",
+                v.name()
+            )))
+        }
         _ => vec![
             (single, Steps::One),
             (pipeline(ctx, ty, v, memory)?, Steps::Several),
         ],
     })
+}
+
+/// Weights from which a product of the last token alone runs `KsU` instead of `Ks`.
+const KSU_MIN_WEIGHTS: u64 = 1 << 22;
+
+/// The variant a product runs: `v`, except that a `Ks` product of the last token alone
+/// over at least [`KSU_MIN_WEIGHTS`] weights (a model's output head) runs as `KsU`,
+/// its activations copied into a uniform buffer first. Measured on lavapipe
+/// (`wgllm-bench kernels --variant ks,ksu --compare`, batch 1, docs/perf.md): 1.2-1.55x
+/// from 576x8192 up (Gemma's 640x262144 head 1.32-1.45x, 4096-column rows 1.28-1.55x),
+/// 1.03-1.05x at 640x4096, and 0.76-0.84x on rows of 1536 or fewer, where the copy's
+/// dispatch costs more than the kernel gains.
+fn for_product(
+    ctx: &GpuContext,
+    v: Variant,
+    (n_rows, n_cols): (u64, u64),
+    cols: Columns,
+) -> Variant {
+    let big = n_rows.saturating_mul(n_cols) >= KSU_MIN_WEIGHTS;
+    let uniform_fits = tokens_per_xu(ctx, n_cols) > 0;
+    if v == Variant::Ks && cols == Columns::Last && big && uniform_fits {
+        Variant::KsU
+    } else {
+        v
+    }
 }
 
 /// How `mul_mat_win` walks a row of type `ty`: windows of whole blocks, at most
@@ -760,9 +794,10 @@ fn gpu_out(
         )));
     }
     let v = resolve(ctx, v, w.ty, w.n_cols(), w.memory)?;
+    let v = for_product(ctx, v, (w.n_rows(), w.n_cols()), cols);
     let per_xu = tokens_per_xu(ctx, w.n_cols());
     if matches!(v, Variant::WinU | Variant::KsU) {
-        return gpu_uniform_x(ctx, v, step, w, x, out, cols, per_xu);
+        return gpu_uniform_x(ctx, v, step, w, (x, norm), out, cols, per_xu);
     }
     let mut plan = Vec::new();
     let shape = (w.ty, w.n_cols(), w.memory);
@@ -858,13 +893,16 @@ fn resolve(
 /// keeps the type's ([`GpuContext::matrix_memory`]).
 pub fn warm(
     ctx: &GpuContext,
-    ty: GgmlType,
-    n_cols: u64,
+    (ty, n_rows, n_cols): (GgmlType, u64, u64),
     cols: Columns,
     normed: bool,
 ) -> Result<()> {
     let memory = ctx.matrix_memory(ty);
     let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols, memory)?;
+    let v = for_product(ctx, v, (n_rows, n_cols), cols);
+    if matches!(v, Variant::WinU | Variant::KsU) {
+        super::op_pipeline(ctx, "mul_mat_xcopy")?;
+    }
     kernels(ctx, (ty, n_cols, memory), v, cols, normed).map(|_| ())
 }
 
@@ -940,12 +978,13 @@ fn gpu_uniform_x(
     v: Variant,
     step: &wgpu::Buffer,
     w: &GpuTensor,
-    x: &wgpu::Buffer,
+    (x, norm): (&wgpu::Buffer, Option<Norm<'_>>),
     out: &Outputs<'_>,
     cols: Columns,
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
-    let kernels = kernels(ctx, (w.ty, w.n_cols(), w.memory), v, cols, false)?;
+    let shape = (w.ty, w.n_cols(), w.memory);
+    let kernels = kernels(ctx, shape, v, cols, norm.is_some())?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {
@@ -1000,12 +1039,14 @@ fn gpu_uniform_x(
             let steps = *steps;
             let on = move |s: &StepInfo| live(s) && steps.admits(s, cols);
             let (v, xu) = (v, &xu);
+            // A folded norm reads the residual stream from the copy too.
+            let norm = norm.map(|n| Norm { x: xu, ..n });
             plan.extend(part_dispatches(
                 ctx,
                 (v, pipe),
                 step,
                 w,
-                (xu, out, None),
+                (xu, out, norm),
                 cols,
                 toks,
                 on,
