@@ -79,6 +79,41 @@ fn check_store(
     cols: Columns,
     store: Store,
 ) {
+    let shape = (ty, n_rows, n_cols);
+    check_x(ctx, v, shape, n_tokens, cols, store, XBuffer::Storage);
+}
+
+/// Where a product's activations lie.
+#[derive(Clone, Copy, Debug)]
+enum XBuffer {
+    /// A plain storage buffer.
+    Storage,
+    /// A buffer single tokens can bind as a uniform, as the models' activations.
+    Uniform,
+}
+
+fn x_buffer(ctx: &GpuContext, x: &[f32], kind: XBuffer) -> wgpu::Buffer {
+    match kind {
+        XBuffer::Storage => buffer_with_guard(ctx, x, 0),
+        XBuffer::Uniform => {
+            let bytes = std::mem::size_of_val(x) as u64;
+            let b = wgllm::gpu::upload::activations(ctx, "x", bytes).expect("activations");
+            ctx.queue.write_buffer(&b, 0, bytemuck::cast_slice(x));
+            b
+        }
+    }
+}
+
+/// As [`check_store`], with the activations in `xk`.
+fn check_x(
+    ctx: &GpuContext,
+    v: Variant,
+    (ty, n_rows, n_cols): (GgmlType, usize, usize),
+    n_tokens: usize,
+    cols: Columns,
+    store: Store,
+    xk: XBuffer,
+) {
     let w = weight(ty, n_rows, n_cols, (n_rows * 17 + n_cols) as u64);
     let x = Rng::new(5).vec(n_cols * n_tokens, 1.0);
     let mut want = mul_mat_want(ty, &w, (n_rows, n_cols), &x, n_tokens, cols);
@@ -101,7 +136,7 @@ fn check_store(
     assert_eq!(gw.memory, memory, "{}", label(ctx));
     let step = StepInfo::new(0, n_tokens as u32);
     let sb = step_buffer(ctx, &step);
-    let xb = buffer_with_guard(ctx, &x, 0);
+    let xb = x_buffer(ctx, &x, xk);
     let yb = buffer_with_guard(ctx, &y0, 64);
     let d = mul_mat::gpu_variant(ctx, v, &sb, &gw, &xb, &yb, cols, store).expect("build");
     run(ctx, &d, &step);
@@ -109,7 +144,7 @@ fn check_store(
     let e = nmse(&got, &want);
     assert!(
         e < 1e-10,
-        "mul_mat[{}] {ty} {n_rows}x{n_cols} x{n_tokens} {cols:?} {store:?} on {}: nmse {e:e}",
+        "mul_mat[{}] {ty} {n_rows}x{n_cols} x{n_tokens} {cols:?} {store:?} {xk:?} on {}: nmse {e:e}",
         v.name(),
         label(ctx)
     );
@@ -166,6 +201,18 @@ fn check_normed(
     n_tokens: usize,
     cols: Columns,
 ) -> Vec<String> {
+    check_normed_x(ctx, ty, rows, n_cols, (n_tokens, cols), XBuffer::Storage)
+}
+
+/// As [`check_normed`], with the residual stream in `xk`.
+fn check_normed_x(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    rows: &[usize],
+    n_cols: usize,
+    (n_tokens, cols): (usize, Columns),
+    xk: XBuffer,
+) -> Vec<String> {
     let ws: Vec<Vec<u8>> = (0..rows.len())
         .map(|i| weight(ty, rows[i], n_cols, 41 + i as u64))
         .collect();
@@ -181,7 +228,7 @@ fn check_normed(
     };
     let step = StepInfo::new(0, n_tokens as u32);
     let sb = step_buffer(ctx, &step);
-    let xb = buffer_with_guard(ctx, &x, 0);
+    let xb = x_buffer(ctx, &x, xk);
     let nwb = buffer_with_guard(ctx, &nw, 0);
     let out_tokens = if cols == Columns::Last { 1 } else { n_tokens };
     let ybs: Vec<_> = rows
@@ -203,7 +250,7 @@ fn check_normed(
         let e = nmse(&got, &want);
         assert!(
             e < 1e-10,
-            "normed mul_mat {ty} {rows:?}x{n_cols} x{n_tokens} {cols:?}, part {i} on {}: nmse {e:e}",
+            "normed mul_mat {ty} {rows:?}x{n_cols} x{n_tokens} {cols:?} {xk:?}, part {i} on {}: nmse {e:e}",
             label(ctx)
         );
     }
@@ -267,6 +314,64 @@ fn norm_folded_into_products() {
         c.info.device_type == wgpu::DeviceType::Cpu && c.info.backend == wgpu::Backend::Vulkan
     });
     assert!(!cpu_vulkan || folded > 0, "no adapter folded a norm");
+}
+
+/// Activations in a buffer that single tokens bind as a uniform, as the models' are
+/// (`upload::activations`): a single token runs `KsU`'s kernels on it in place, and
+/// batches the storage kernels, their tiles and the tokens after them; with the norm
+/// folded in, and into fused outputs.
+#[test]
+fn activations_read_as_uniforms() {
+    let mut ran = 0;
+    for ctx in contexts() {
+        // `KsU` takes the single tokens of `Ks` products only.
+        if !Variant::Ks.available(ctx) {
+            continue;
+        }
+        ran += 1;
+        // 576 and 1024 columns run `mul_mat_ks1`; Q6_K and 1568 columns `ks`.
+        for (ty, rows, n_cols) in [
+            (GgmlType::Q4_1, 67, 576),
+            (GgmlType::Q4_K, 65, 1024),
+            (GgmlType::Q6_K, 33, 2048),
+            (GgmlType::Q4_0, 33, 1568),
+        ] {
+            for toks in [1, 2, 3, 5, 9] {
+                let (shape, store) = ((ty, rows, n_cols), Store::Write);
+                check_x(
+                    ctx,
+                    Variant::Ks,
+                    shape,
+                    toks,
+                    Columns::All,
+                    store,
+                    XBuffer::Uniform,
+                );
+            }
+        }
+        let shape = (GgmlType::Q5_0, 67, 96);
+        check_x(
+            ctx,
+            Variant::Ks,
+            shape,
+            1,
+            Columns::All,
+            Store::Add,
+            XBuffer::Uniform,
+        );
+        let ty = GgmlType::Q8_0;
+        if mul_mat::folds_norm(ctx, ty, 640, ctx.matrix_memory(ty)) {
+            for toks in [1, 6] {
+                let how = (toks, Columns::All);
+                check_normed_x(ctx, ty, &[70, 33, 33], 640, how, XBuffer::Uniform);
+            }
+        }
+    }
+    // lavapipe runs `ks` with 8-lane subgroups.
+    let cpu_vulkan = contexts().iter().any(|c| {
+        c.info.device_type == wgpu::DeviceType::Cpu && c.info.backend == wgpu::Backend::Vulkan
+    });
+    assert!(!cpu_vulkan || ran > 0, "no adapter ran `ks`");
 }
 
 fn variants(ctx: &GpuContext) -> impl Iterator<Item = Variant> + '_ {

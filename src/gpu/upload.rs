@@ -496,6 +496,28 @@ pub fn storage_init<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, data: &[T])
 
 /// A zeroed storage buffer of `bytes` bytes (at least 4).
 pub fn storage(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+    storage_as(ctx, label, bytes, wgpu::BufferUsages::empty())
+}
+
+/// A zeroed buffer for activations a product reads: storage, and where the device
+/// binds uniforms of [`crate::ops::mul_mat::X_UNIFORM_BYTES`], also a uniform of at
+/// least that size, so that a single token's products read it as one
+/// (`ops::mul_mat::reads_uniform`).
+pub fn activations(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
+    let view = crate::ops::mul_mat::X_UNIFORM_BYTES;
+    if ctx.limits.max_uniform_buffer_binding_size < view {
+        return storage(ctx, label, bytes);
+    }
+    storage_as(ctx, label, bytes.max(view), wgpu::BufferUsages::UNIFORM)
+}
+
+/// A zeroed storage buffer of `bytes` bytes (at least 4) with `usage` besides.
+fn storage_as(
+    ctx: &GpuContext,
+    label: &str,
+    bytes: u64,
+    usage: wgpu::BufferUsages,
+) -> Result<wgpu::Buffer> {
     let size = bytes.max(4).next_multiple_of(4);
     if size > ctx.limits.max_buffer_size {
         return Err(Error::gpu(format!(
@@ -510,7 +532,8 @@ pub fn storage(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Buffer
             size,
             usage: wgpu::BufferUsages::STORAGE
                 | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
+                | wgpu::BufferUsages::COPY_DST
+                | usage,
             mapped_at_creation: false,
         })
     })

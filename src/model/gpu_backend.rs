@@ -536,7 +536,9 @@ impl GpuModel {
             .max(1) as u32;
         let chunks = Chunks::new(cfg.n_head, n_ctx, max_batch, PROBS_BUDGET.min(max_binding));
         let c = &cfg;
-        let a = |name: &str, per_token: u32| storage(&ctx, name, act_bytes(per_token, max_batch));
+        let a = |name: &str, per_token: u32| {
+            crate::gpu::upload::activations(&ctx, name, act_bytes(per_token, max_batch))
+        };
         let scratch = Scratch {
             x: a("x", c.n_embd)?,
             xn: a("xn", c.n_embd)?,

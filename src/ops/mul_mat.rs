@@ -346,12 +346,27 @@ enum Steps {
     Many,
     /// Those with whole tiles of [`KS1_TILE`] tokens (`mul_mat_ks1`'s tile build).
     Tiles,
+    /// Batches that are not whole tiles of [`KS1_TILE`] (`OneOrTail` less single tokens).
+    Tail,
+    /// Batches of fewer than [`KS_TILE_MIN`] tokens (`Few` less single tokens).
+    FewSeveral,
     /// Those with one output token, and those with several that are not whole tiles of
     /// four (`mul_mat_ks1`'s single-token build runs the tokens its tiles leave).
     OneOrTail,
 }
 
 impl Steps {
+    /// These steps less those of one token (which another kernel takes), if any remain.
+    fn beyond_one(self) -> Option<Steps> {
+        match self {
+            Steps::One => None,
+            Steps::Every => Some(Steps::Several),
+            Steps::OneOrTail => Some(Steps::Tail),
+            Steps::Few => Some(Steps::FewSeveral),
+            s => Some(s),
+        }
+    }
+
     fn admits(self, s: &StepInfo, cols: Columns) -> bool {
         let one = cols == Columns::Last || s.n_tokens == 1;
         match self {
@@ -362,6 +377,8 @@ impl Steps {
             Steps::Few => one || s.n_tokens < KS_TILE_MIN,
             Steps::Many => !one && s.n_tokens >= KS_TILE_MIN,
             Steps::Tiles => !one && s.n_tokens >= KS1_TILE,
+            Steps::Tail => !one && s.n_tokens % KS1_TILE != 0,
+            Steps::FewSeveral => !one && s.n_tokens < KS_TILE_MIN,
         }
     }
 }
@@ -450,6 +467,25 @@ fn for_product(
     } else {
         v
     }
+}
+
+/// Whether a `Ks` product of every token (`v`, as resolved) runs its single-token steps
+/// on `KsU`'s kernels with the activations bound where they lie, as a uniform
+/// ([`reads_uniform`]): no copy's dispatch, and `ksu`'s kernel alone measured
+/// 1.03-1.32x faster than `ks` at every layer shape of the two test models (docs/perf.md).
+fn single_tokens_uniform(ctx: &GpuContext, v: Variant, cols: Columns, n_cols: u64) -> bool {
+    v == Variant::Ks
+        && cols == Columns::All
+        && tokens_per_xu(ctx, n_cols) > 0
+        && ctx.limits.max_uniform_buffer_binding_size >= X_UNIFORM_BYTES
+}
+
+/// Whether `x` can be bound as the uniform activations of `KsU` (its first
+/// [`X_UNIFORM_BYTES`]): the models' activation buffers ([`crate::gpu::upload::activations`]).
+fn reads_uniform(ctx: &GpuContext, x: &wgpu::Buffer) -> bool {
+    x.usage().contains(wgpu::BufferUsages::UNIFORM)
+        && x.size() >= X_UNIFORM_BYTES
+        && ctx.limits.max_uniform_buffer_binding_size >= X_UNIFORM_BYTES
 }
 
 /// How `mul_mat_win` walks a row of type `ty`: windows of whole blocks, at most
@@ -592,11 +628,11 @@ struct CopyParams {
 }
 
 /// Bytes of the uniform activation buffer of `WinU` (the WGSL array is 4096 vec4s).
-const XU_BYTES: u64 = 65536;
+pub const X_UNIFORM_BYTES: u64 = 65536;
 
 /// Output tokens per uniform-buffer load for rows of `n_cols`, 0 if not even one fits.
 fn tokens_per_xu(ctx: &GpuContext, n_cols: u64) -> u64 {
-    let cap = XU_BYTES.min(ctx.limits.max_uniform_buffer_binding_size);
+    let cap = X_UNIFORM_BYTES.min(ctx.limits.max_uniform_buffer_binding_size);
     cap / (n_cols * 4).max(1)
 }
 
@@ -801,7 +837,33 @@ fn gpu_out(
     }
     let mut plan = Vec::new();
     let shape = (w.ty, w.n_cols(), w.memory);
+    let x_read = norm.map_or(x, |n| n.x);
+    let direct = single_tokens_uniform(ctx, v, cols, w.n_cols()) && reads_uniform(ctx, x_read);
+    if direct {
+        // Single tokens: `KsU`'s single-token build, reading x where it lies.
+        let toks = (0, per_xu as u32);
+        for (pipe, _) in kernels(ctx, shape, Variant::KsU, Columns::Last, norm.is_some())? {
+            let on = |s: &StepInfo| s.n_tokens == 1;
+            let io = (x, out, norm);
+            plan.extend(part_dispatches(
+                ctx,
+                (Variant::KsU, &pipe),
+                step,
+                w,
+                io,
+                cols,
+                toks,
+                on,
+            )?);
+        }
+    }
     for (pipe, steps) in kernels(ctx, shape, v, cols, norm.is_some())? {
+        let steps = if direct {
+            steps.beyond_one()
+        } else {
+            Some(steps)
+        };
+        let Some(steps) = steps else { continue };
         let on = move |s: &StepInfo| steps.admits(s, cols);
         let every_token = (0, u32::MAX);
         plan.extend(part_dispatches(
@@ -844,15 +906,21 @@ fn part_dispatches(
         .map(|part| {
             let mut wp = WinParams::new(w, part, cols, out, window, toks);
             let g = grid(v, part.n_rows, max_groups);
-            let bindings = match norm {
-                Some(n) => {
-                    wp.norm_eps = n.eps;
-                    let mut b = out.bindings(part, n.x);
-                    b.push(n.w.as_entire_binding());
-                    b
-                }
-                None => out.bindings(part, x),
-            };
+            let x = norm.map_or(x, |n| n.x);
+            let mut bindings = out.bindings(part, x);
+            if let Some(n) = norm {
+                wp.norm_eps = n.eps;
+                bindings.push(n.w.as_entire_binding());
+            }
+            if matches!(v, Variant::WinU | Variant::KsU) {
+                // Binding 3 is a uniform of X_UNIFORM_BYTES: the copy's buffer, or the
+                // first bytes of a larger one holding the activations.
+                bindings[1] = wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: x,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(X_UNIFORM_BYTES),
+                });
+            }
             let grid = move |s: &StepInfo| if on(s) { g } else { [0, 1, 1] };
             dispatch_bound(ctx, &label, pipe.clone(), step, &wp, bindings, grid)
         })
@@ -903,7 +971,12 @@ pub fn warm(
     if matches!(v, Variant::WinU | Variant::KsU) {
         super::op_pipeline(ctx, "mul_mat_xcopy")?;
     }
-    kernels(ctx, (ty, n_cols, memory), v, cols, normed).map(|_| ())
+    let shape = (ty, n_cols, memory);
+    // The models' activations can be bound as uniforms (`upload::activations`).
+    if single_tokens_uniform(ctx, v, cols, n_cols) {
+        kernels(ctx, shape, Variant::KsU, Columns::Last, normed)?;
+    }
+    kernels(ctx, shape, v, cols, normed).map(|_| ())
 }
 
 /// Bindings 2.. of a kernel that reads weights through common/w_storage.wgsl or
@@ -995,7 +1068,7 @@ fn gpu_uniform_x(
     let xu = ctx.scoped("allocating the mul_mat activation uniform", || {
         ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("mul_mat x uniform"),
-            size: XU_BYTES,
+            size: X_UNIFORM_BYTES,
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::UNIFORM,
             mapped_at_creation: false,
         })
