@@ -504,11 +504,16 @@ pub fn storage(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Buffer
 /// least that size, so that a single token's products read it as one
 /// (`ops::mul_mat::reads_uniform`).
 pub fn activations(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu::Buffer> {
-    let view = crate::ops::mul_mat::X_UNIFORM_BYTES;
-    if ctx.limits.max_uniform_buffer_binding_size < view {
+    use crate::ops::mul_mat::{binds_x_view, X_UNIFORM_BYTES};
+    if !binds_x_view(ctx) {
         return storage(ctx, label, bytes);
     }
-    storage_as(ctx, label, bytes.max(view), wgpu::BufferUsages::UNIFORM)
+    storage_as(
+        ctx,
+        label,
+        bytes.max(X_UNIFORM_BYTES),
+        wgpu::BufferUsages::UNIFORM,
+    )
 }
 
 /// A zeroed storage buffer of `bytes` bytes (at least 4) with `usage` besides.

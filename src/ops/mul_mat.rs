@@ -474,18 +474,18 @@ fn for_product(
 /// ([`reads_uniform`]): no copy's dispatch, and `ksu`'s kernel alone measured
 /// 1.03-1.32x faster than `ks` at every layer shape of the two test models (docs/perf.md).
 fn single_tokens_uniform(ctx: &GpuContext, v: Variant, cols: Columns, n_cols: u64) -> bool {
-    v == Variant::Ks
-        && cols == Columns::All
-        && tokens_per_xu(ctx, n_cols) > 0
-        && ctx.limits.max_uniform_buffer_binding_size >= X_UNIFORM_BYTES
+    v == Variant::Ks && cols == Columns::All && binds_x_view(ctx) && tokens_per_xu(ctx, n_cols) > 0
+}
+
+/// Whether the device binds uniforms of [`X_UNIFORM_BYTES`], the size `KsU` declares.
+pub fn binds_x_view(ctx: &GpuContext) -> bool {
+    ctx.limits.max_uniform_buffer_binding_size >= X_UNIFORM_BYTES
 }
 
 /// Whether `x` can be bound as the uniform activations of `KsU` (its first
 /// [`X_UNIFORM_BYTES`]): the models' activation buffers ([`crate::gpu::upload::activations`]).
-fn reads_uniform(ctx: &GpuContext, x: &wgpu::Buffer) -> bool {
-    x.usage().contains(wgpu::BufferUsages::UNIFORM)
-        && x.size() >= X_UNIFORM_BYTES
-        && ctx.limits.max_uniform_buffer_binding_size >= X_UNIFORM_BYTES
+fn reads_uniform(x: &wgpu::Buffer) -> bool {
+    x.usage().contains(wgpu::BufferUsages::UNIFORM) && x.size() >= X_UNIFORM_BYTES
 }
 
 /// How `mul_mat_win` walks a row of type `ty`: windows of whole blocks, at most
@@ -838,7 +838,7 @@ fn gpu_out(
     let mut plan = Vec::new();
     let shape = (w.ty, w.n_cols(), w.memory);
     let x_read = norm.map_or(x, |n| n.x);
-    let direct = single_tokens_uniform(ctx, v, cols, w.n_cols()) && reads_uniform(ctx, x_read);
+    let direct = single_tokens_uniform(ctx, v, cols, w.n_cols()) && reads_uniform(x_read);
     if direct {
         // Single tokens: `KsU`'s single-token build, reading x where it lies.
         let toks = (0, per_xu as u32);
