@@ -202,7 +202,7 @@ struct SoftmaxParams {
     n_head: u32,
     t0: u32,
     tn: u32,
-    _pad: u32,
+    window: u32,
 }
 
 #[repr(C)]
@@ -489,7 +489,7 @@ impl Attention {
                 n_head,
                 t0,
                 tn,
-                _pad: 0,
+                window: self.window,
             },
             &[probs],
             move |s| [rows(s) * not_fused(s), n_head, 1],
