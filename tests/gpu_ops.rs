@@ -56,8 +56,9 @@ fn check_mul_mat(
 ) {
     let w = weight(ty, n_rows, n_cols, (n_rows * 31 + n_cols) as u64);
     let x = Rng::new(7).vec(n_cols * n_tokens, 1.0);
-    let want = mul_mat_want(ty, &w, (n_rows, n_cols), &x, n_tokens, cols);
     let gw = upload(ctx, ty, n_rows, n_cols, &w);
+    let q8 = mul_mat::gpu_quantizes_batches(ctx, &gw, cols).expect("variant");
+    let want = mul_mat_want(ty, &w, (n_rows, n_cols), &x, n_tokens, cols, q8);
     let step = StepInfo::new(0, n_tokens as u32);
     let sb = step_buffer(ctx, &step);
     let xb = buffer_with_guard(ctx, &x, 0);

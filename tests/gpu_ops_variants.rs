@@ -116,7 +116,9 @@ fn check_x(
 ) {
     let w = weight(ty, n_rows, n_cols, (n_rows * 17 + n_cols) as u64);
     let x = Rng::new(5).vec(n_cols * n_tokens, 1.0);
-    let mut want = mul_mat_want(ty, &w, (n_rows, n_cols), &x, n_tokens, cols);
+    let gw = upload(ctx, ty, n_rows, n_cols, &w);
+    let q8 = mul_mat::quantizes_batches(ctx, v, &gw, cols);
+    let mut want = mul_mat_want(ty, &w, (n_rows, n_cols), &x, n_tokens, cols, q8);
     let y0 = match store {
         Store::Write => vec![0.0; want.len()],
         Store::Add => Rng::new(9).vec(want.len(), 1.0),
@@ -126,7 +128,6 @@ fn check_x(
             *a += b;
         }
     }
-    let gw = upload(ctx, ty, n_rows, n_cols, &w);
     // A single row is a vector, which stays in a buffer wherever matrices are held.
     let memory = if n_rows > 1 {
         ctx.matrix_memory(ty)
@@ -177,7 +178,8 @@ fn check_fused(
     let d = mul_mat::gpu_rows_variant(ctx, v, &sb, &gw, &xb, &yrefs, &rows32).expect("build");
     run(ctx, &d, &step);
     for (i, &r) in rows.iter().enumerate() {
-        let want = mul_mat_want(ty, &ws[i], (r, n_cols), &x, n_tokens, Columns::All);
+        let q8 = mul_mat::quantizes_batches(ctx, v, &gw, Columns::All);
+        let want = mul_mat_want(ty, &ws[i], (r, n_cols), &x, n_tokens, Columns::All, q8);
         let got = read_checked(ctx, &ybs[i], want.len(), 64);
         let e = nmse(&got, &want);
         assert!(
@@ -245,7 +247,8 @@ fn check_normed_x(
     let d = mul_mat::gpu_normed(ctx, &sb, &gw, norm, &yrefs, &rows32, cols).expect("build");
     run(ctx, &d, &step);
     for (i, &r) in rows.iter().enumerate() {
-        let want = mul_mat_want(ty, &ws[i], (r, n_cols), &xn, n_tokens, cols);
+        let q8 = mul_mat::gpu_quantizes_batches(ctx, &gw, cols).expect("variant");
+        let want = mul_mat_want(ty, &ws[i], (r, n_cols), &xn, n_tokens, cols, q8);
         let got = read_checked(ctx, &ybs[i], want.len(), 64);
         let e = nmse(&got, &want);
         assert!(

@@ -112,6 +112,8 @@ const MUL_MAT_XS: &str = wgsl!("ops/mul_mat_xs.wgsl");
 const MUL_MAT_XU: &str = wgsl!("ops/mul_mat_xu.wgsl");
 const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 const MUL_MAT_KS1: &str = wgsl!("ops/mul_mat_ks1.wgsl");
+const MUL_MAT_KS1I: &str = wgsl!("ops/mul_mat_ks1i.wgsl");
+const KS1_LANES: &str = wgsl!("common/ks1_lanes.wgsl");
 const X_CHUNK: &str = wgsl!("common/x_chunk.wgsl");
 const X_NORM: &str = wgsl!("common/x_norm.wgsl");
 const X_PLAIN: &str = wgsl!("common/x_plain.wgsl");
@@ -186,6 +188,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_STORE,
             X_CHUNK,
             X_PLAIN,
+            KS1_LANES,
             MUL_MAT_KS1,
             MUL_MAT_XS,
         ],
@@ -198,6 +201,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_STORE,
             X_CHUNK,
             X_NORM,
+            KS1_LANES,
             MUL_MAT_KS1,
             MUL_MAT_XS,
         ],
@@ -210,6 +214,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_STORE,
             X_CHUNK,
             X_PLAIN,
+            KS1_LANES,
             MUL_MAT_KS1,
             MUL_MAT_XU,
         ],
@@ -222,8 +227,35 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_STORE,
             X_CHUNK,
             X_NORM,
+            KS1_LANES,
             MUL_MAT_KS1,
             MUL_MAT_XU,
+        ],
+    ),
+    (
+        "mul_mat_ks1i",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            X_CHUNK,
+            X_PLAIN,
+            KS1_LANES,
+            MUL_MAT_KS1I,
+            MUL_MAT_XS,
+        ],
+    ),
+    (
+        "mul_mat_ks1in",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            X_CHUNK,
+            X_NORM,
+            KS1_LANES,
+            MUL_MAT_KS1I,
+            MUL_MAT_XS,
         ],
     ),
     ("get_rows", &[W_STORAGE, wgsl!("ops/get_rows.wgsl")]),
@@ -249,6 +281,21 @@ pub fn decoder(ty: GgmlType) -> Option<&'static [&'static str]> {
         Q5_K => &[K4_SCALES, wgsl!("common/quant/q5_k.wgsl")],
         Q6_K => &[wgsl!("common/quant/q6_k.wgsl")],
         Q8_1 | Q8_K => return None,
+    })
+}
+
+/// The `pair_chunk` of a weight type whose chunks `mul_mat_ks1i` dots two rows at a
+/// time in integers (common/quant/pairs.wgsl), with the helpers it needs; `None` for
+/// the other types.
+pub fn pair_decoder(ty: GgmlType) -> Option<&'static [&'static str]> {
+    use GgmlType::*;
+    const PAIRS: &str = wgsl!("common/quant/pairs.wgsl");
+    Some(match ty {
+        Q4_0 => &[PAIRS, wgsl!("common/quant/q4_0_pairs.wgsl")],
+        Q4_1 => &[PAIRS, wgsl!("common/quant/q4_1_pairs.wgsl")],
+        Q5_0 => &[PAIRS, wgsl!("common/quant/q5_0_pairs.wgsl")],
+        Q5_1 => &[PAIRS, wgsl!("common/quant/q5_1_pairs.wgsl")],
+        _ => return None,
     })
 }
 
@@ -322,6 +369,11 @@ pub fn quant_source_as(name: &str, ty: GgmlType, form: Form) -> Result<String> {
     }
     if !has("fn wdot64(") {
         parts.push(DOT64_GENERIC);
+    }
+    if body.contains(&MUL_MAT_KS1I) {
+        let pairs = pair_decoder(ty)
+            .ok_or_else(|| Error::Unsupported(format!("{name} for {ty} weights")))?;
+        parts.extend_from_slice(pairs);
     }
     parts.extend(body.iter().map(|&b| match b {
         MUL_MAT_STORE if form.one_output => MUL_MAT_STORE1,

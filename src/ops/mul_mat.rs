@@ -216,6 +216,15 @@ fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
         && ks1_slots(ctx, n_cols / 32) > 0
 }
 
+/// Whether batches of a `Ks` product of `ty` that [`ks1_fits`] run `mul_mat_ks1i`,
+/// which quantizes the activations to 8 bits per chunk of 32 (as ggml's CPU backend
+/// does for these types) and dots two rows at a time in packed integers, instead of
+/// `mul_mat_ks1`'s float tiles: the types whose chunks the packing holds
+/// (common/quant/pairs.wgsl). Measured on lavapipe (docs/perf.md).
+fn ks1_int(ty: GgmlType) -> bool {
+    crate::gpu::shaders::pair_decoder(ty).is_some()
+}
+
 /// Whether a single token's lanes in `Ks` walk contiguous runs of a row (`RUNS` in
 /// mul_mat_ks.wgsl): types whose chunks hold 16 or 20 bytes of quants gain (Q4_0 2x at
 /// 8B shapes on lavapipe); Q8_0 and F16, whose chunks span 32 and 64 bytes, lose.
@@ -256,7 +265,8 @@ struct Ks1 {
     slots: u32,
     /// Whether it folds in the norm before the product (`mul_mat_ks1n`, `Ks` only).
     normed: bool,
-    /// Whether it runs batches in tiles of four tokens (`TILE`), or one token at a time.
+    /// Whether it runs batches in tiles of four tokens (`TILE`, or `mul_mat_ks1i` for
+    /// the types of [`ks1_int`]), or one token at a time.
     tile: bool,
 }
 
@@ -276,8 +286,11 @@ fn kernel_pipeline(
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
     let normed = ks1.is_some_and(|k| k.normed);
+    let int = ks1.is_some_and(|k| k.tile && v == Variant::Ks && ks1_int(ty));
     let shader = match (ks1, v) {
         (None, v) => v.shader(),
+        (Some(k), Variant::Ks) if int && k.normed => "mul_mat_ks1in",
+        (Some(_), Variant::Ks) if int => "mul_mat_ks1i",
         (Some(k), Variant::Ks) if k.normed => "mul_mat_ks1n",
         (Some(_), Variant::Ks) => "mul_mat_ks1",
         (Some(k), Variant::KsU) if !k.normed => "mul_mat_ks1u",
@@ -293,12 +306,18 @@ fn kernel_pipeline(
     // Whether a product replaces its output or is added to it is a parameter
     // (`Params::acc`), not a constant: one pipeline serves both.
     let consts: Vec<(&str, f64)> = match (v, ks1) {
-        (Variant::Ks | Variant::KsU, Some(k)) => vec![
-            ("WG", ctx.subgroup_min_size as f64),
-            ("RUNS", ks_runs(ty) as u8 as f64),
-            ("SLOTS", k.slots as f64),
-            ("TILE", k.tile as u8 as f64),
-        ],
+        (Variant::Ks | Variant::KsU, Some(k)) => {
+            let mut c = vec![
+                ("WG", ctx.subgroup_min_size as f64),
+                ("RUNS", ks_runs(ty) as u8 as f64),
+                ("SLOTS", k.slots as f64),
+            ];
+            // `mul_mat_ks1i` is a tile build only.
+            if !int {
+                c.push(("TILE", k.tile as u8 as f64));
+            }
+            c
+        }
         (Variant::Row, _) => vec![("WG", WG as f64)],
         (Variant::Win | Variant::WinU, _) => {
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
@@ -387,7 +406,8 @@ impl Steps {
 /// `Ks` and `KsU`, its build without tiles in steps too short for one); or where
 /// [`ks1_fits`], `mul_mat_ks1` for single tokens and, in batches, its build with tiles
 /// of four tokens over the whole tiles beside the single-token build over the one to
-/// three tokens left (`Ks`; `KsU` batches run its own tiles). A product of the last
+/// three tokens left (`Ks`; `KsU` batches run its own tiles; for the types of
+/// [`ks1_int`], `mul_mat_ks1i` over every token of a batch). A product of the last
 /// token alone never compiles a tile build. With `normed`, both fold in the norm before
 /// the product ([`folds_norm`]).
 fn kernels(
@@ -428,7 +448,12 @@ fn kernels(
         Variant::Ks => {
             let tiled = Ks1 { tile: true, ..one };
             let tiles = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(tiled))?;
-            vec![(single, Steps::OneOrTail), (tiles, Steps::Tiles)]
+            if ks1_int(ty) {
+                // `mul_mat_ks1i` runs every token of a batch, its last tile padded.
+                vec![(single, Steps::One), (tiles, Steps::Several)]
+            } else {
+                vec![(single, Steps::OneOrTail), (tiles, Steps::Tiles)]
+            }
         }
         // `KsU` folds a norm only into products of the last token (`for_product`).
         _ if normed => {
@@ -1129,6 +1154,23 @@ fn gpu_uniform_x(
     Ok(plan)
 }
 
+/// Whether steps of more than one token of a product of `w` over `cols`, run as
+/// variant `v`, quantize their activations to 8 bits (`mul_mat_ks1i`, [`ks1_int`]):
+/// their reference is then [`reference_q8`].
+pub fn quantizes_batches(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Columns) -> bool {
+    let (ty, n_cols) = (w.ty, w.n_cols());
+    let Ok(v) = resolve(ctx, v, ty, n_cols, w.memory) else {
+        return false;
+    };
+    let v = for_product(ctx, v, (w.n_rows(), n_cols), cols);
+    cols == Columns::All && v == Variant::Ks && ks1_fits(ctx, v, ty, n_cols) && ks1_int(ty)
+}
+
+/// [`quantizes_batches`] for the variant [`gpu`] runs.
+pub fn gpu_quantizes_batches(ctx: &GpuContext, w: &GpuTensor, cols: Columns) -> Result<bool> {
+    Ok(quantizes_batches(ctx, variant(ctx, w.ty)?, w, cols))
+}
+
 /// CPU reference: y[t * n_rows + r] = dequant(W row r) . x[t * n_cols ..].
 pub fn reference(
     ty: GgmlType,
@@ -1148,6 +1190,63 @@ pub fn reference(
         for t in 0..n_tokens {
             let xs = &x[t * n_cols..(t + 1) * n_cols];
             let s: f64 = row.iter().zip(xs).map(|(a, b)| *a as f64 * *b as f64).sum();
+            y[t * n_rows + r] = s as f32;
+        }
+    }
+    Ok(())
+}
+
+/// The CPU reference of `mul_mat_ks1i`: [`reference`] with each token's activations
+/// quantized per chunk of 32 as the kernel does (ggml's Q8_0 / Q8_1: scale absmax / 127
+/// kept as an f16, quants rounded half to even), and the offset of Q4_1 / Q5_1 weights
+/// multiplying the Q8_1 sum (`s`, the quants' sum times the scale, as an f16) as
+/// ggml's dot products do.
+pub fn reference_q8(
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    use half::f16;
+    let row_bytes = ty
+        .row_bytes(n_cols as u64)
+        .ok_or_else(|| Error::invalid("row is not whole blocks"))? as usize;
+    // Q4_1 and Q5_1 blocks start with (d, m); their dequantized values hold m.
+    let has_min = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+    let block_bytes = row_bytes / (n_cols / 32).max(1);
+    // Per token and chunk: the dequantized activations, and s less their sum.
+    let mut xq = vec![0f32; n_cols * n_tokens];
+    let mut s_err = vec![0f64; n_cols / 32 * n_tokens];
+    for (c, (xs, xo)) in x.chunks_exact(32).zip(xq.chunks_exact_mut(32)).enumerate() {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let d16 = f16::from_f32(d).to_f32();
+        let mut sum = 0i32;
+        for (o, v) in xo.iter_mut().zip(xs) {
+            let q = (v * id).round_ties_even() as i32;
+            sum += q;
+            *o = q as f32 * d16;
+        }
+        let s = f16::from_f32(sum as f32 * d).to_f32() as f64;
+        s_err[c] = s - sum as f64 * d16 as f64;
+    }
+    let mut row = vec![0f32; n_cols];
+    for r in 0..n_rows {
+        let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+        crate::quant::dequantize(ty, wr, &mut row)?;
+        for t in 0..n_tokens {
+            let xs = &xq[t * n_cols..(t + 1) * n_cols];
+            let mut s: f64 = row.iter().zip(xs).map(|(a, b)| *a as f64 * *b as f64).sum();
+            if has_min {
+                for (b, blk) in wr.chunks_exact(block_bytes).enumerate() {
+                    let m = f16::from_le_bytes([blk[2], blk[3]]).to_f64();
+                    s += m * s_err[t * (n_cols / 32) + b];
+                }
+            }
             y[t * n_rows + r] = s as f32;
         }
     }

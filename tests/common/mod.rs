@@ -149,6 +149,8 @@ pub fn label(ctx: &GpuContext) -> String {
 
 /// The CPU reference of a product of W (`n_rows` rows of `n_cols` elements of `ty`) with
 /// `n_tokens` tokens of `x`: every token's rows, or for `Columns::Last` the last one's.
+/// `q8`: the product quantizes its activations in steps of several tokens
+/// (`mul_mat::quantizes_batches`), so a batch's reference is `mul_mat::reference_q8`.
 pub fn mul_mat_want(
     ty: wgllm::quant::GgmlType,
     w: &[u8],
@@ -156,11 +158,17 @@ pub fn mul_mat_want(
     x: &[f32],
     n_tokens: usize,
     cols: wgllm::ops::mul_mat::Columns,
+    q8: bool,
 ) -> Vec<f32> {
+    use wgllm::ops::mul_mat;
     let mut want = vec![0f32; n_rows * n_tokens];
-    wgllm::ops::mul_mat::reference(ty, w, n_rows, n_cols, x, n_tokens, &mut want)
-        .expect("reference");
-    if cols == wgllm::ops::mul_mat::Columns::Last {
+    let reference = if q8 && n_tokens > 1 && cols == mul_mat::Columns::All {
+        mul_mat::reference_q8
+    } else {
+        mul_mat::reference
+    };
+    reference(ty, w, n_rows, n_cols, x, n_tokens, &mut want).expect("reference");
+    if cols == mul_mat::Columns::Last {
         want.drain(..(n_tokens - 1) * n_rows);
     }
     want

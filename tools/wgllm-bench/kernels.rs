@@ -372,7 +372,15 @@ fn prepare(
     let rows = DISTINCT_ROWS.min(n) as usize;
     let rb = ty.row_bytes(shape.k).unwrap_or(0) as usize;
     let mut want = vec![0f32; rows * batch as usize];
-    mul_mat::reference(ty, &w[..rb * rows], rows, k, &x, batch as usize, &mut want)?;
+    // Batches that quantize their activations (`mul_mat_ks1i`) are checked against the
+    // reference that does the same, as tightly as the others.
+    let q8 = batch > 1 && mul_mat::quantizes_batches(ctx, kernel.variant, &gws[0], Columns::All);
+    let reference = if q8 {
+        mul_mat::reference_q8
+    } else {
+        mul_mat::reference
+    };
+    reference(ty, &w[..rb * rows], rows, k, &x, batch as usize, &mut want)?;
     let mut num = 0f64;
     let mut den = 0f64;
     for t in 0..batch as usize {

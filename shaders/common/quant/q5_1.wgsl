@@ -3,9 +3,17 @@
 // Planar rows (src/gpu/layout.rs): every block's 16 bytes of nibbles (one aligned
 // vec4), then every block's qh word, then every block's (d, m) word.
 
+fn q5_1_qh(row_byte: u32, c: u32) -> u32 {
+    return wu((plane(row_byte, 32u, 16u) >> 2u) + c);
+}
+
+fn q5_1_dm(row_byte: u32, c: u32) -> vec2<f32> {
+    return unpack2x16float(wu((plane(row_byte, 32u, 20u) >> 2u) + c));
+}
+
 fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-    let dm = unpack2x16float(wu((plane(row_byte, 32u, 20u) >> 2u) + c));
-    let qh = wu((plane(row_byte, 32u, 16u) >> 2u) + c);
+    let dm = q5_1_dm(row_byte, c);
+    let qh = q5_1_qh(row_byte, c);
     let q = wq((row_byte >> 4u) + c);
     var o: array<vec4<f32>, 8>;
     for (var k = 0u; k < 4u; k++) {

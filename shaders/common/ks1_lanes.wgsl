@@ -1,0 +1,58 @@
+// What the two `mul_mat_ks1` kernels (ops/mul_mat_ks1.wgsl and, for batches of the
+// integer-dotted types, ops/mul_mat_ks1i.wgsl) share: their workgroup shape, which
+// chunks of a row each lane holds, and the norm they may fold in (common/x_norm.wgsl,
+// common/x_plain.wgsl). Bindings as `mul_mat_ks`, and the norm's weight at 8 with NORM.
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+// Lanes per workgroup: the device's subgroup size.
+override WG: u32 = 8u;
+// Rows per workgroup, as `mul_mat_ks`.
+const ROWS: u32 = 64u;
+// Chunks per lane, 1 to 6: the fewest that cover a row (`ops::mul_mat::ks1_slots`).
+// The host drops the lines of the slots past SLOTS from the source (their `@slot k`
+// marks, see `row_dot` in ops/mul_mat_ks1.wgsl).
+override SLOTS: u32 = 3u;
+// Lane l holds chunks l * SLOTS .. (a contiguous run) rather than l, l + WG, ..; as
+// `RUNS` in `mul_mat_ks`.
+override RUNS: bool = true;
+
+// Lane l's k-th chunk of a row of n_chunks: its index, and whether it is in the row.
+fn slot_chunk(k: u32, l: u32, n_chunks: u32) -> vec2<u32> {
+    let want = select(l + k * WG, l * SLOTS + k, RUNS);
+    return vec2<u32>(min(want, n_chunks - 1u), u32(want < n_chunks));
+}
+
+// Chunk c of the activations times `inv` and the norm's weight, with NORM.
+fn normed(x: array<vec4<f32>, 8>, c: u32, inv: f32) -> array<vec4<f32>, 8> {
+    if (!NORM) {
+        return x;
+    }
+    let i = c * 8u;
+    return array<vec4<f32>, 8>(
+        x[0] * inv * norm_w(i), x[1] * inv * norm_w(i + 1u),
+        x[2] * inv * norm_w(i + 2u), x[3] * inv * norm_w(i + 3u),
+        x[4] * inv * norm_w(i + 4u), x[5] * inv * norm_w(i + 5u),
+        x[6] * inv * norm_w(i + 6u), x[7] * inv * norm_w(i + 7u),
+    );
+}
+
+// With NORM, 1 / rms of output token t's activations: the lanes' slots are the whole
+// row, so its sum of squares is one `subgroupAdd` (uniform control flow: every lane
+// calls it). 1 without.
+fn norm_inv(first: u32, t: u32, l: u32, n_chunks: u32) -> f32 {
+    if (!NORM) {
+        return 1.0;
+    }
+    var sq = 0.0;
+    for (var k = 0u; k < SLOTS; k++) {
+        let c = slot_chunk(k, l, n_chunks);
+        let x = x_chunk(first, t, c.x);
+        let s = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3]
+            + x[4] * x[4] + x[5] * x[5] + x[6] * x[6] + x[7] * x[7];
+        sq += f32(c.y) * (s.x + s.y + s.z + s.w);
+    }
+    return inverseSqrt(subgroupAdd(sq) / f32(p.n_cols) + p.norm_eps);
+}

@@ -1,0 +1,190 @@
+// mul_mat for batches on the types whose chunks pack two rows into 32-bit integer
+// products (Q4_0, Q4_1, Q5_0, Q5_1; common/quant/pairs.wgsl): `mul_mat_ks1`'s tiles of
+// four tokens, with integer dot products. Each lane quantizes its slots of the four
+// tokens' activations to 8 bits per chunk of 32, as ggml's Q8_0 / Q8_1 do for these
+// types on the CPU (scale absmax / 127 kept as an f16, the sum of the quants times the
+// scale for the offset term), and walks the rows two at a time: one multiply and one
+// add per element serve both rows, where the float tile decodes each row and spends a
+// multiply and an add per row and token. Measured on lavapipe: docs/perf.md.
+//
+// Every token of a batch runs here, the last tile padded with repeats of the last token
+// (not stored), so that a token's result does not depend on its place in the batch;
+// single tokens run `mul_mat_ks1` on float activations.
+//
+// Params: common/mul_mat_params.wgsl; the workgroup's shape, lanes and bindings:
+// common/ks1_lanes.wgsl.
+
+// A chunk of one token's activations in 8 bits: the quants (as u32s, for the packed
+// multiplies), their f16 scale, the sum of the quants, and that sum times the scale
+// rounded to an f16 (ggml's Q8_1 `s`).
+struct Q8 {
+    a: array<vec4<u32>, 8>,
+    d: f32,
+    sum: f32,
+    s: f32,
+}
+
+fn f16_round(v: f32) -> f32 {
+    return unpack2x16float(pack2x16float(vec2<f32>(v, 0.0))).x;
+}
+
+// As ggml's quantize_row_q8_0/q8_1 on x86: quants rounded half to even.
+fn q8_chunk(x: array<vec4<f32>, 8>) -> Q8 {
+    var m = abs(x[0]);
+    for (var i = 1u; i < 8u; i++) {
+        m = max(m, abs(x[i]));
+    }
+    let d = max(max(m.x, m.y), max(m.z, m.w)) / 127.0;
+    let id = select(0.0, 1.0 / d, d != 0.0);
+    var a: array<vec4<u32>, 8>;
+    var n = vec4<i32>(0);
+    for (var i = 0u; i < 8u; i++) {
+        let q = vec4<i32>(round(x[i] * id));
+        n += q;
+        a[i] = bitcast<vec4<u32>>(q);
+    }
+    let sum = f32(n.x + n.y + n.z + n.w);
+    return Q8(a, f16_round(d), sum, f16_round(sum * d));
+}
+
+// Slot k of the four tokens `tt` (whose 1 / rms are `inv` with NORM), in 8 bits.
+struct QSlot4 {
+    c: u32,
+    on: f32,
+    a0: array<vec4<u32>, 8>,
+    a1: array<vec4<u32>, 8>,
+    a2: array<vec4<u32>, 8>,
+    a3: array<vec4<u32>, 8>,
+    d: vec4<f32>,
+    sum: vec4<f32>,
+    s: vec4<f32>,
+}
+
+fn qslot4(first: u32, tt: vec4<u32>, k: u32, l: u32, n_chunks: u32, inv: vec4<f32>) -> QSlot4 {
+    let c = slot_chunk(k, l, n_chunks);
+    let q0 = q8_chunk(normed(x_chunk(first, tt.x, c.x), c.x, inv.x));
+    let q1 = q8_chunk(normed(x_chunk(first, tt.y, c.x), c.x, inv.y));
+    let q2 = q8_chunk(normed(x_chunk(first, tt.z, c.x), c.x, inv.z));
+    let q3 = q8_chunk(normed(x_chunk(first, tt.w, c.x), c.x, inv.w));
+    return QSlot4(
+        c.x,
+        f32(c.y),
+        q0.a,
+        q1.a,
+        q2.a,
+        q3.a,
+        vec4<f32>(q0.d, q1.d, q2.d, q3.d),
+        vec4<f32>(q0.sum, q1.sum, q2.sum, q3.sum),
+        vec4<f32>(q0.s, q1.s, q2.s, q3.s),
+    );
+}
+
+// The four tokens' sums of rows A and B.
+struct Pair4 {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+fn add4(u: Pair4, v: Pair4) -> Pair4 {
+    return Pair4(u.a + v.a, u.b + v.b);
+}
+
+// Rows `rb_a` and `rb_b`'s chunk in slot s, unpacked once, dotted with the four
+// tokens': d_w d_x (sum q a + PAIR_OFF sum a) + m_w s_x per row and token.
+fn qslot4_dot(rb_a: u32, rb_b: u32, s: QSlot4) -> Pair4 {
+    let w = pair_chunk(rb_a, rb_b, s.c);
+    let f0 = pair_dot(w.q, s.a0);
+    let f1 = pair_dot(w.q, s.a1);
+    let f2 = pair_dot(w.q, s.a2);
+    let f3 = pair_dot(w.q, s.a3);
+    let off = PAIR_OFF * s.sum;
+    let sd = s.on * s.d;
+    let ss = s.on * s.s;
+    return Pair4(
+        (vec4<f32>(f0.x, f1.x, f2.x, f3.x) + off) * sd * w.dm.x + ss * w.dm.y,
+        (vec4<f32>(f0.y, f1.y, f2.y, f3.y) + off) * sd * w.dm.z + ss * w.dm.w,
+    );
+}
+
+// Rows `rb_a` and `rb_b` dotted with a lane's slots (the `@slot k` lines as in
+// ops/mul_mat_ks1.wgsl).
+fn rows_dot4(
+    rb_a: u32,
+    rb_b: u32,
+    s0: QSlot4,
+    s1: QSlot4, // @slot 1
+    s2: QSlot4, // @slot 2
+    s3: QSlot4, // @slot 3
+    s4: QSlot4, // @slot 4
+    s5: QSlot4, // @slot 5
+) -> Pair4 {
+    var v = qslot4_dot(rb_a, rb_b, s0);
+    v = add4(v, qslot4_dot(rb_a, rb_b, s1)); // @slot 1
+    v = add4(v, qslot4_dot(rb_a, rb_b, s2)); // @slot 2
+    v = add4(v, qslot4_dot(rb_a, rb_b, s3)); // @slot 3
+    v = add4(v, qslot4_dot(rb_a, rb_b, s4)); // @slot 4
+    v = add4(v, qslot4_dot(rb_a, rb_b, s5)); // @slot 5
+    return v;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) l: u32,
+) {
+    // Uniform per workgroup, so every lane reaches the subgroupAdds below.
+    let w = ks_rows(wid, nwg);
+    if (w.r0 >= p.n_rows) {
+        return;
+    }
+    let r0 = w.r0;
+    let nr = w.nr;
+    let n_chunks = p.n_cols / 32u;
+    let first = w.first;
+    let n_out = w.n_out;
+    let out0 = p.row0 + r0;
+    for (var t = p.tok0; t < n_out; t += 4u) {
+        let tt = min(vec4<u32>(t) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n_out - 1u));
+        let inv = vec4<f32>(
+            norm_inv(first, tt.x, l, n_chunks),
+            norm_inv(first, tt.y, l, n_chunks),
+            norm_inv(first, tt.z, l, n_chunks),
+            norm_inv(first, tt.w, l, n_chunks),
+        );
+        let s0 = qslot4(first, tt, 0u, l, n_chunks, inv);
+        let s1 = qslot4(first, tt, 1u, l, n_chunks, inv); // @slot 1
+        let s2 = qslot4(first, tt, 2u, l, n_chunks, inv); // @slot 2
+        let s3 = qslot4(first, tt, 3u, l, n_chunks, inv); // @slot 3
+        let s4 = qslot4(first, tt, 4u, l, n_chunks, inv); // @slot 4
+        let s5 = qslot4(first, tt, 5u, l, n_chunks, inv); // @slot 5
+        for (var i0 = 0u; i0 < nr; i0 += WG) {
+            var mine = vec4<f32>();
+            // Pairs of rows; a lone last row is paired with itself and its copy dropped
+            // (WG is even, so lane j + 1 exists).
+            for (var j = 0u; j < min(WG, nr - i0); j += 2u) {
+                let ra = r0 + i0 + j;
+                let rb = min(ra + 1u, r0 + nr - 1u);
+                let v = rows_dot4(
+                    ra * p.row_bytes,
+                    rb * p.row_bytes,
+                    s0,
+                    s1, // @slot 1
+                    s2, // @slot 2
+                    s3, // @slot 3
+                    s4, // @slot 4
+                    s5, // @slot 5
+                );
+                mine = select(mine, subgroupAdd(v.a), l == j);
+                mine = select(mine, subgroupAdd(v.b), l == j + 1u);
+            }
+            if (i0 + l < nr) {
+                let r = out0 + i0 + l;
+                store_out(t, r, mine.x);
+                for (var k = 1u; k < min(4u, n_out - t); k++) {
+                    store_out(t + k, r, mine[k]);
+                }
+            }
+        }
+    }
+}
