@@ -11,6 +11,11 @@
 // (not stored), so that a token's result does not depend on its place in the batch;
 // single tokens run `mul_mat_ks1` on float activations.
 //
+// The helpers here and in common/quant/pairs.wgsl build their arrays as literals, not in
+// loops that write elements: written in loops, the kernel took lavapipe 0.65 s (three
+// slots) and 1.9 s (six) to create, against 0.09 and 0.16 s as literals, and Mesa's
+// shader cache does not keep that work.
+//
 // Params: common/mul_mat_params.wgsl; the workgroup's shape, lanes and bindings:
 // common/ks1_lanes.wgsl.
 
@@ -30,19 +35,25 @@ fn f16_round(v: f32) -> f32 {
 
 // As ggml's quantize_row_q8_0/q8_1 on x86: quants rounded half to even.
 fn q8_chunk(x: array<vec4<f32>, 8>) -> Q8 {
-    var m = abs(x[0]);
-    for (var i = 1u; i < 8u; i++) {
-        m = max(m, abs(x[i]));
-    }
+    let m = max(
+        max(max(abs(x[0]), abs(x[1])), max(abs(x[2]), abs(x[3]))),
+        max(max(abs(x[4]), abs(x[5])), max(abs(x[6]), abs(x[7]))),
+    );
     let d = max(max(m.x, m.y), max(m.z, m.w)) / 127.0;
     let id = select(0.0, 1.0 / d, d != 0.0);
-    var a: array<vec4<u32>, 8>;
-    var n = vec4<i32>(0);
-    for (var i = 0u; i < 8u; i++) {
-        let q = vec4<i32>(round(x[i] * id));
-        n += q;
-        a[i] = bitcast<vec4<u32>>(q);
-    }
+    let q = array<vec4<i32>, 8>(
+        vec4<i32>(round(x[0] * id)), vec4<i32>(round(x[1] * id)),
+        vec4<i32>(round(x[2] * id)), vec4<i32>(round(x[3] * id)),
+        vec4<i32>(round(x[4] * id)), vec4<i32>(round(x[5] * id)),
+        vec4<i32>(round(x[6] * id)), vec4<i32>(round(x[7] * id)),
+    );
+    let n = q[0] + q[1] + q[2] + q[3] + q[4] + q[5] + q[6] + q[7];
+    let a = array<vec4<u32>, 8>(
+        bitcast<vec4<u32>>(q[0]), bitcast<vec4<u32>>(q[1]),
+        bitcast<vec4<u32>>(q[2]), bitcast<vec4<u32>>(q[3]),
+        bitcast<vec4<u32>>(q[4]), bitcast<vec4<u32>>(q[5]),
+        bitcast<vec4<u32>>(q[6]), bitcast<vec4<u32>>(q[7]),
+    );
     let sum = f32(n.x + n.y + n.z + n.w);
     return Q8(a, f16_round(d), sum, f16_round(sum * d));
 }

@@ -20,16 +20,18 @@ struct PairChunk {
 // packed fields 0 .. 15.
 fn pair_nibbles(qa: vec4<u32>, qb: vec4<u32>) -> array<vec4<u32>, 8> {
     let m = vec4<u32>(0x000f000fu);
-    var o: array<vec4<u32>, 8>;
-    for (var k = 0u; k < 4u; k++) {
-        // Bytes 0 and 1 of word k of both rows, then bytes 2 and 3.
-        let lw = (qa[k] & 0xffffu) | (qb[k] << 16u);
-        let hw = (qa[k] >> 16u) | (qb[k] & 0xffff0000u);
-        let v = vec4<u32>(lw, lw >> 8u, hw, hw >> 8u);
-        o[k] = v & m;
-        o[k + 4u] = (v >> vec4<u32>(4u)) & m;
-    }
-    return o;
+    // Bytes 0 and 1 of each word of both rows, then bytes 2 and 3.
+    let lw = (qa & vec4<u32>(0xffffu)) | (qb << vec4<u32>(16u));
+    let hw = (qa >> vec4<u32>(16u)) | (qb & vec4<u32>(0xffff0000u));
+    let v0 = vec4<u32>(lw.x, lw.x >> 8u, hw.x, hw.x >> 8u);
+    let v1 = vec4<u32>(lw.y, lw.y >> 8u, hw.y, hw.y >> 8u);
+    let v2 = vec4<u32>(lw.z, lw.z >> 8u, hw.z, hw.z >> 8u);
+    let v3 = vec4<u32>(lw.w, lw.w >> 8u, hw.w, hw.w >> 8u);
+    let f = vec4<u32>(4u);
+    return array<vec4<u32>, 8>(
+        v0 & m, v1 & m, v2 & m, v3 & m,
+        (v0 >> f) & m, (v1 >> f) & m, (v2 >> f) & m, (v3 >> f) & m,
+    );
 }
 
 // Five-bit quants of rows A and B less 16 (Q5_0 / Q5_1), signed in their fields: the
@@ -39,18 +41,22 @@ fn pair_q5(qa: vec4<u32>, qb: vec4<u32>, qha: u32, qhb: u32) -> array<vec4<u32>,
     let n = pair_nibbles(qa, qb);
     let m = vec4<u32>(0x00100010u);
     // Elements 0 .. 15 of both rows (row A's in bits 0 .. 15), then 16 .. 31.
-    let lo = ~((qha & 0xffffu) | (qhb << 16u));
-    let hi = ~((qha >> 16u) | (qhb & 0xffff0000u));
-    var o: array<vec4<u32>, 8>;
-    for (var k = 0u; k < 4u; k++) {
-        // Element 4k + i's bit sits at 4k + i, or at 4 + i once moved up by 4 for k = 0:
-        // shifting right by 4k - 4 + i (by i for k = 0) takes it to bit 4.
-        let up = select(0u, 4u, k == 0u);
-        let sh = vec4<u32>(4u * max(k, 1u) - 4u) + vec4<u32>(0u, 1u, 2u, 3u);
-        o[k] = n[k] - ((vec4<u32>(lo << up) >> sh) & m);
-        o[k + 4u] = n[k + 4u] - ((vec4<u32>(hi << up) >> sh) & m);
-    }
-    return o;
+    let lo = vec4<u32>(~((qha & 0xffffu) | (qhb << 16u)));
+    let hi = vec4<u32>(~((qha >> 16u) | (qhb & 0xffff0000u)));
+    // Element 4k + i's bit sits at 4k + i: shifting right by 4k - 4 + i takes it to bit
+    // 4, and for k = 0 the bits are first moved up by 4.
+    let i = vec4<u32>(0u, 1u, 2u, 3u);
+    let up = vec4<u32>(4u);
+    return array<vec4<u32>, 8>(
+        n[0] - (((lo << up) >> i) & m),
+        n[1] - ((lo >> i) & m),
+        n[2] - ((lo >> (i + 4u)) & m),
+        n[3] - ((lo >> (i + 8u)) & m),
+        n[4] - (((hi << up) >> i) & m),
+        n[5] - ((hi >> i) & m),
+        n[6] - ((hi >> (i + 4u)) & m),
+        n[7] - ((hi >> (i + 8u)) & m),
+    );
 }
 
 // A packed sum of at most 16 products per field as the two fields' signed values:
@@ -66,9 +72,7 @@ fn fields(s: u32) -> vec2<f32> {
 // integer sums for rows A and B. Each of acc's components takes 8 products per field,
 // and two of them are added before `fields`.
 fn pair_dot(q: array<vec4<u32>, 8>, a: array<vec4<u32>, 8>) -> vec2<f32> {
-    var acc = q[0] * a[0];
-    for (var i = 1u; i < 8u; i++) {
-        acc += q[i] * a[i];
-    }
+    let acc = q[0] * a[0] + q[1] * a[1] + q[2] * a[2] + q[3] * a[3]
+        + q[4] * a[4] + q[5] * a[5] + q[6] * a[6] + q[7] * a[7];
     return fields(acc.x + acc.y) + fields(acc.z + acc.w);
 }
