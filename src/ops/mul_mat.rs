@@ -1234,20 +1234,20 @@ pub fn reference_q8(
         let s = f16::from_f32(sum as f32 * d).to_f32() as f64;
         s_err[c] = s - sum as f64 * d16 as f64;
     }
-    let mut row = vec![0f32; n_cols];
-    for r in 0..n_rows {
-        let wr = &w[r * row_bytes..(r + 1) * row_bytes];
-        crate::quant::dequantize(ty, wr, &mut row)?;
-        for t in 0..n_tokens {
-            let xs = &xq[t * n_cols..(t + 1) * n_cols];
-            let mut s: f64 = row.iter().zip(xs).map(|(a, b)| *a as f64 * *b as f64).sum();
-            if has_min {
-                for (b, blk) in wr.chunks_exact(block_bytes).enumerate() {
-                    let m = f16::from_le_bytes([blk[2], blk[3]]).to_f64();
-                    s += m * s_err[t * (n_cols / 32) + b];
-                }
+    reference(ty, w, n_rows, n_cols, &xq, n_tokens, y)?;
+    if has_min {
+        // The offset multiplies s where the dequantized activations' sum stood.
+        for r in 0..n_rows {
+            let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+            for t in 0..n_tokens {
+                let errs = &s_err[t * (n_cols / 32)..(t + 1) * (n_cols / 32)];
+                let fix: f64 = wr
+                    .chunks_exact(block_bytes)
+                    .zip(errs)
+                    .map(|(blk, e)| f16::from_le_bytes([blk[2], blk[3]]).to_f64() * e)
+                    .sum();
+                y[t * n_rows + r] += fix as f32;
             }
-            y[t * n_rows + r] = s as f32;
         }
     }
     Ok(())
