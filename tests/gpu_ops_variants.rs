@@ -177,8 +177,8 @@ fn check_fused(
     let rows32: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
     let d = mul_mat::gpu_rows_variant(ctx, v, &sb, &gw, &xb, &yrefs, &rows32).expect("build");
     run(ctx, &d, &step);
+    let q8 = mul_mat::quantizes_batches(ctx, v, &gw, Columns::All);
     for (i, &r) in rows.iter().enumerate() {
-        let q8 = mul_mat::quantizes_batches(ctx, v, &gw, Columns::All);
         let want = mul_mat_want(ty, &ws[i], (r, n_cols), &x, n_tokens, Columns::All, q8);
         let got = read_checked(ctx, &ybs[i], want.len(), 64);
         let e = nmse(&got, &want);
@@ -246,8 +246,8 @@ fn check_normed_x(
     };
     let d = mul_mat::gpu_normed(ctx, &sb, &gw, norm, &yrefs, &rows32, cols).expect("build");
     run(ctx, &d, &step);
+    let q8 = mul_mat::gpu_quantizes_batches(ctx, &gw, cols).expect("variant");
     for (i, &r) in rows.iter().enumerate() {
-        let q8 = mul_mat::gpu_quantizes_batches(ctx, &gw, cols).expect("variant");
         let want = mul_mat_want(ty, &ws[i], (r, n_cols), &xn, n_tokens, cols, q8);
         let got = read_checked(ctx, &ybs[i], want.len(), 64);
         let e = nmse(&got, &want);

@@ -1216,7 +1216,6 @@ pub fn reference_q8(
         .ok_or_else(|| Error::invalid("row is not whole blocks"))? as usize;
     // Q4_1 and Q5_1 blocks start with (d, m); their dequantized values hold m.
     let has_min = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
-    let block_bytes = row_bytes / (n_cols / 32).max(1);
     // Per token and chunk: the dequantized activations, and s less their sum.
     let mut xq = vec![0f32; n_cols * n_tokens];
     let mut s_err = vec![0f64; n_cols / 32 * n_tokens];
@@ -1242,7 +1241,7 @@ pub fn reference_q8(
             for t in 0..n_tokens {
                 let errs = &s_err[t * (n_cols / 32)..(t + 1) * (n_cols / 32)];
                 let fix: f64 = wr
-                    .chunks_exact(block_bytes)
+                    .chunks_exact(ty.type_size())
                     .zip(errs)
                     .map(|(blk, e)| f16::from_le_bytes([blk[2], blk[3]]).to_f64() * e)
                     .sum();
