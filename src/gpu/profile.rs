@@ -73,15 +73,20 @@ impl Profiler {
         })
     }
 
+    /// Start a step: drop what an unfinished one recorded.
+    pub fn begin_step(&mut self) {
+        self.pending.clear();
+    }
+
     /// Record `dispatches`, each in its own timed pass (those past the query capacity
-    /// and empty grids run untimed).
+    /// and empty grids run untimed). A step may record its dispatches in several
+    /// encoders; the last one calls [`finish`](Self::finish).
     pub fn record<'a>(
         &mut self,
         enc: &mut wgpu::CommandEncoder,
         dispatches: impl Iterator<Item = &'a Dispatch>,
         info: &StepInfo,
     ) {
-        self.pending.clear();
         for d in dispatches {
             let i = self.pending.len() as u32 * 2;
             let timed = i + 1 < self.capacity && !d.grid(info).contains(&0);
@@ -100,6 +105,11 @@ impl Profiler {
                 self.pending.push(d.label.clone());
             }
         }
+    }
+
+    /// Copy the step's timestamps out for [`collect`](Self::collect), at the end of its
+    /// last encoder.
+    pub fn finish(&self, enc: &mut wgpu::CommandEncoder) {
         let n = self.pending.len() as u32 * 2;
         if n > 0 {
             enc.resolve_query_set(&self.set, 0..n, &self.resolve, 0);
@@ -114,7 +124,8 @@ impl Profiler {
             return Ok(());
         }
         let ticks: Vec<u64> = super::readback::map_read(ctx, &self.read, n)?;
-        for (k, label) in self.pending.iter().enumerate() {
+        let pending = std::mem::take(&mut self.pending);
+        for (k, label) in pending.iter().enumerate() {
             let dt = ticks[2 * k + 1].saturating_sub(ticks[2 * k]) as f64 * self.period_ns;
             let key = layer_free(label);
             let e = self.totals.entry(key).or_default();

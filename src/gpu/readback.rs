@@ -81,7 +81,8 @@ pub enum Wait {
     /// Measured on lavapipe, single-token steps alternated in one process: SmolLM2
     /// 0.84-0.85x and Gemma 3 0.88-0.95x the time (docs/perf.md). Long dispatches lose instead (a
     /// 64-token prompt step 1.14-1.38x slower: the polling thread takes time from the
-    /// workers), hence the cap and only single tokens (`model::gpu_backend`).
+    /// workers), hence the cap and only single tokens (`model::gpu_backend`), whose
+    /// output head, one long product, is waited for blocking.
     Spin(std::time::Duration),
 }
 
@@ -141,9 +142,19 @@ fn wait_spinning(
     rx: &std::sync::mpsc::Receiver<MapResult>,
     wait: Wait,
 ) -> Result<Option<MapResult>> {
-    let Wait::Spin(cap) = wait else {
-        return Ok(None);
-    };
+    match wait {
+        Wait::Spin(cap) => poll_for(ctx, rx, cap),
+        Wait::Block => Ok(None),
+    }
+}
+
+/// Poll the device, giving the core away between polls, until a callback sends on `rx`
+/// or `cap` has passed: what it sent, or `None` at the cap.
+pub fn poll_for<R>(
+    ctx: &GpuContext,
+    rx: &std::sync::mpsc::Receiver<R>,
+    cap: std::time::Duration,
+) -> Result<Option<R>> {
     let t0 = std::time::Instant::now();
     while t0.elapsed() < cap {
         ctx.device
@@ -153,7 +164,7 @@ fn wait_spinning(
             Ok(r) => return Ok(Some(r)),
             Err(std::sync::mpsc::TryRecvError::Empty) => std::thread::yield_now(),
             Err(std::sync::mpsc::TryRecvError::Disconnected) => {
-                return Err(Error::gpu("readback callback never ran"))
+                return Err(Error::gpu("a GPU callback never ran"))
             }
         }
     }
