@@ -440,6 +440,14 @@ fn argmax_matches_the_host() {
     cases.push(("-0 before +0".into(), zeros.clone()));
     (zeros[4100], zeros[5000]) = (0.0, -0.0);
     cases.push(("+0 before -0".into(), zeros));
+    // Lengths past whole vec4s: the best in the last one to three logits, and ties
+    // between a vec4 and the tail.
+    for (n, best) in [(4099, 4098), (4101, 4100), (8193, 8192), (6002, 4096)] {
+        let mut tail = Rng::new(9).vec(n, 1.0);
+        tail[best] = 5.0;
+        tail[n - 1] = 5.0;
+        cases.push((format!("{n} logits, best at {best}"), tail));
+    }
     let mut tiny = vec![0.0f32; 300];
     tiny[200] = f32::from_bits(1); // the smallest denormal beats 0
     cases.push(("denormal".into(), tiny));
@@ -451,7 +459,8 @@ fn argmax_matches_the_host() {
             let n = logits.len() as u32;
             let step = StepInfo::new(0, 1);
             let sb = step_buffer(ctx, &step);
-            let lb = buffer_with_guard(ctx, logits, 0);
+            // Guard values larger than most logits: a read past the end would pick one.
+            let lb = buffer_with_guard(ctx, logits, 4);
             let groups = argmax::groups(n) as usize;
             let ob = buffer_with_guard(ctx, &vec![0.0; 2 * groups], 16);
             run(ctx, &[argmax::gpu(ctx, &sb, &lb, &ob, n).unwrap()], &step);
