@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use wgllm::gguf::TensorInfo;
-use wgllm::gpu::upload::WeightMemory;
+use wgllm::gpu::upload::{vector_init, WeightMemory};
 use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
 use wgllm::ops::mul_mat::{self, Columns, Variant, Window};
 use wgllm::ops::{StepInfo, Store};
@@ -231,7 +231,7 @@ fn check_normed_x(
     let step = StepInfo::new(0, n_tokens as u32);
     let sb = step_buffer(ctx, &step);
     let xb = x_buffer(ctx, &x, xk);
-    let nwb = buffer_with_guard(ctx, &nw, 0);
+    let nwb = vector_init(ctx, "norm weight", &nw).expect("norm weight");
     let out_tokens = if cols == Columns::Last { 1 } else { n_tokens };
     let ybs: Vec<_> = rows
         .iter()
@@ -275,7 +275,7 @@ fn norm_folded_into_products() {
             (GgmlType::Q4_K, 1024),
         ] {
             let memory = ctx.matrix_memory(ty);
-            if !mul_mat::folds_norm(ctx, ty, n_cols as u64, memory) {
+            if !mul_mat::folds_norm(ctx, ty, (70, n_cols as u64), memory) {
                 let gw = upload(ctx, ty, 3, n_cols, &weight(ty, 3, n_cols, 1));
                 let b = buffer_with_guard(ctx, &vec![0.0; n_cols], 0);
                 let sb = step_buffer(ctx, &StepInfo::new(0, 1));
@@ -293,6 +293,20 @@ fn norm_folded_into_products() {
                 continue;
             }
             folded += 1;
+            // Past the most rows, a norm of its own costs less than every workgroup's.
+            let many = (mul_mat::FOLD_MAX_ROWS + 1, n_cols as u64);
+            assert!(!mul_mat::folds_norm(ctx, ty, many, memory));
+            // The norm's weight is read as a uniform: a storage buffer is refused.
+            let gw = upload(ctx, ty, 3, n_cols, &weight(ty, 3, n_cols, 1));
+            let b = buffer_with_guard(ctx, &vec![0.0; n_cols], 0);
+            let sb = step_buffer(ctx, &StepInfo::new(0, 1));
+            let norm = mul_mat::Norm {
+                x: &b,
+                w: &b,
+                eps: 1e-5,
+            };
+            let r = mul_mat::gpu_normed(ctx, &sb, &gw, norm, &[&b], &[3], Columns::All);
+            assert!(r.is_err(), "{ty} on {}: a storage norm weight", label(ctx));
             check_normed(ctx, ty, &[67], n_cols, 1, Columns::All);
             check_normed(ctx, ty, &[67], n_cols, 5, Columns::Last);
             check_normed(ctx, ty, &[67], n_cols, 9, Columns::All);
@@ -363,7 +377,7 @@ fn activations_read_as_uniforms() {
             XBuffer::Uniform,
         );
         let ty = GgmlType::Q8_0;
-        if mul_mat::folds_norm(ctx, ty, 640, ctx.matrix_memory(ty)) {
+        if mul_mat::folds_norm(ctx, ty, (136, 640), ctx.matrix_memory(ty)) {
             for toks in [1, 6] {
                 let how = (toks, Columns::All);
                 check_normed_x(ctx, ty, &[70, 33, 33], 640, how, XBuffer::Uniform);

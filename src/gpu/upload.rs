@@ -321,10 +321,18 @@ fn upload_rows(
     let n_rows: usize = srcs.iter().map(|b| b.len() / rows.file.max(1)).sum();
     let bytes = ((n_rows * rows.gpu) as u64).max(16);
     let part = if memory == WeightMemory::Buffer {
+        // One row (a norm's weight): bindable as the uniform of common/x_norm.wgsl too.
+        let (size, usage) = match n_rows == 1 && bytes <= VECTOR_UNIFORM_BYTES {
+            true => (
+                VECTOR_UNIFORM_BYTES,
+                WEIGHT_USAGE | wgpu::BufferUsages::UNIFORM,
+            ),
+            false => (bytes.next_multiple_of(16), WEIGHT_USAGE),
+        };
         PartMemory::Buffer(ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
-            size: bytes.next_multiple_of(16),
-            usage: WEIGHT_USAGE,
+            size,
+            usage,
             mapped_at_creation: false,
         }))
     } else {
@@ -468,6 +476,11 @@ fn walk_rows(
 
 /// Usage of a weight buffer: read by kernels, filled by copies from the staging ring,
 /// and copied out by tests and tools.
+/// The size of the buffers of one-row tensors (norm weights) of at most this size, which
+/// kernels that fold a norm in read as a uniform array of this size
+/// (common/x_norm.wgsl), and the usage is added for.
+pub const VECTOR_UNIFORM_BYTES: u64 = 16 << 10;
+
 pub const WEIGHT_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
@@ -492,6 +505,29 @@ pub fn storage_init<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, data: &[T])
                 | wgpu::BufferUsages::COPY_SRC
                 | wgpu::BufferUsages::COPY_DST,
         })
+}
+
+/// `data` in a buffer as the upload holds a one-row tensor of at most
+/// [`VECTOR_UNIFORM_BYTES`] (a norm's weight): storage and uniform, zero-padded to that
+/// size, so that products folding a norm in bind it (`ops::mul_mat::gpu_normed`).
+pub fn vector_init(ctx: &GpuContext, label: &str, data: &[f32]) -> Result<wgpu::Buffer> {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    if bytes.len() as u64 > VECTOR_UNIFORM_BYTES {
+        return Err(Error::invalid(format!(
+            "{label}: {} values, more than a uniform vector's {}",
+            data.len(),
+            VECTOR_UNIFORM_BYTES / 4
+        )));
+    }
+    let mut padded = bytes.to_vec();
+    padded.resize(VECTOR_UNIFORM_BYTES as usize, 0);
+    Ok(ctx
+        .device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: &padded,
+            usage: WEIGHT_USAGE | wgpu::BufferUsages::UNIFORM,
+        }))
 }
 
 /// A zeroed storage buffer of `bytes` bytes (at least 4).

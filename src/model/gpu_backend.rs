@@ -86,7 +86,7 @@ impl<'a> Recorder<'a> {
             return false;
         }
         let fits = p.n as u64 == w.n_cols()
-            && ops::mul_mat::folds_norm(self.ctx, w.ty, w.n_cols(), w.memory);
+            && ops::mul_mat::folds_norm(self.ctx, w.ty, (w.n_rows(), w.n_cols()), w.memory);
         if let Some(p) = self.pending.as_mut() {
             p.unfolded |= !fits;
         }

@@ -58,7 +58,7 @@ impl Warm<'_> {
         let (ctx, ty, n_cols, n_rows) = (self.ctx, w.ty, w.n_cols, w.n_rows);
         let normed = reads_norm
             && self.norm.is_some_and(|n| n as u64 == n_cols)
-            && mul_mat::folds_norm(ctx, ty, n_cols, ctx.matrix_memory(ty));
+            && mul_mat::folds_norm(ctx, ty, (n_rows, n_cols), ctx.matrix_memory(ty));
         if self.mats.insert((ty, n_cols, n_rows, cols, normed)) {
             self.jobs.push(Box::new(move || {
                 mul_mat::warm(ctx, (ty, n_rows, n_cols), cols, normed)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{dispatch, dispatch_bound, groups, Dispatch, StepInfo, WG};
 use crate::gpu::pipelines::Binding;
 use crate::gpu::shaders::Form;
-use crate::gpu::upload::{Part, WeightMemory};
+use crate::gpu::upload::{Part, WeightMemory, VECTOR_UNIFORM_BYTES};
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -338,7 +338,7 @@ fn kernel_pipeline(
     }
     if normed {
         // The norm's weight (common/x_norm.wgsl).
-        layout.push(Binding::Read);
+        layout.push(Binding::Uniform);
     }
     ctx.pipelines
         .get_laid_out(&ctx.device, &label, &consts, Some(&layout), || {
@@ -750,16 +750,28 @@ pub struct Norm<'a> {
 
 /// Whether products of rows of `n_cols` elements of `ty` held in `memory` can fold the
 /// norm before them into their kernels ([`gpu_normed`]): where they run `mul_mat_ks1`
-/// in the `Ks` variant and the device binds the norm's weight too.
-pub fn folds_norm(ctx: &GpuContext, ty: GgmlType, n_cols: u64, memory: WeightMemory) -> bool {
+/// in the `Ks` variant, the device binds the norm's weight as a uniform
+/// ([`VECTOR_UNIFORM_BYTES`]), and there are few enough rows. Every workgroup of 64
+/// rows computes the norm again, which a separate norm's dispatch does once: Gemma 3's
+/// output head (262144 rows) took 38-39 ms folded against 27 ms after a norm of its own
+/// on lavapipe (docs/perf.md).
+pub fn folds_norm(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    (n_rows, n_cols): (u64, u64),
+    memory: WeightMemory,
+) -> bool {
     let v = variant(ctx, ty).and_then(|v| resolve(ctx, v, ty, n_cols, memory));
     ctx.fused_outputs()
-        // The norm's weight is one storage buffer more than the fused products bind.
-        && ctx.limits.max_storage_buffers_per_shader_stage
-            > crate::gpu::context::FUSED_STORAGE_BUFFERS
+        && ctx.limits.max_uniform_buffer_binding_size >= VECTOR_UNIFORM_BYTES
+        && n_cols * 4 <= VECTOR_UNIFORM_BYTES
+        && n_rows <= FOLD_MAX_ROWS
         && matches!(v, Ok(Variant::Ks))
         && ks1_fits(ctx, Variant::Ks, ty, n_cols)
 }
+
+/// The most rows of a product that folds the norm before it ([`folds_norm`]).
+pub const FOLD_MAX_ROWS: u64 = 16384;
 
 /// ys[i] = rows `rows[i]` of W xn (one output: `ys = [y]`, `rows = [n_rows]`), where
 /// xn = rms_norm(norm.x) * norm.w is computed by the kernels themselves ([`Norm`]; only
@@ -773,10 +785,18 @@ pub fn gpu_normed(
     rows: &[u32],
     cols: Columns,
 ) -> Result<Vec<Dispatch>> {
-    if !folds_norm(ctx, w.ty, w.n_cols(), w.memory) {
+    if !folds_norm(ctx, w.ty, (w.n_rows(), w.n_cols()), w.memory) {
         return Err(Error::Unsupported(format!(
             "{}: a norm folded into its product on {}",
             w.name, ctx.info.name
+        )));
+    }
+    let nw = norm.w;
+    if nw.size() < VECTOR_UNIFORM_BYTES || !nw.usage().contains(wgpu::BufferUsages::UNIFORM) {
+        return Err(Error::gpu(format!(
+            "{}: a folded norm's weight must be a uniform buffer of at least {VECTOR_UNIFORM_BYTES} bytes (gpu::upload::vector_init), got {} bytes",
+            w.name,
+            nw.size()
         )));
     }
     let out = match ys {
