@@ -374,8 +374,14 @@ fn rope_store_matches_rope_then_kv_store() {
 #[test]
 fn glu_and_add() {
     for ctx in contexts() {
-        for act in [Activation::Silu, Activation::GeluTanh] {
-            let (n, toks) = (1537usize, 3u32);
+        // An odd width and a model's.
+        for (act, n) in [
+            (Activation::Silu, 1537),
+            (Activation::GeluTanh, 1537),
+            (Activation::Silu, 2048),
+            (Activation::GeluTanh, 2048),
+        ] {
+            let toks = 3u32;
             let mut rng = Rng::new(5);
             let g = rng.vec(n * toks as usize, 6.0);
             let u = rng.vec(n * toks as usize, 2.0);
@@ -388,7 +394,11 @@ fn glu_and_add() {
             let d = glu::gpu(ctx, &sb, &gb, &ub, &ob, n as u32, act).unwrap();
             run(ctx, &[d], &step);
             let got = read_checked(ctx, &ob, g.len(), 16);
-            assert!(nmse(&got, &want) < 1e-10, "glu {act:?} on {}", label(ctx));
+            assert!(
+                nmse(&got, &want) < 1e-10,
+                "glu {act:?} n={n} on {}",
+                label(ctx)
+            );
         }
         let (n, toks) = (333usize, 2u32);
         let mut rng = Rng::new(9);
