@@ -565,7 +565,10 @@ fn attention_gqa_window_batches() {
                 buffer_with_guard(ctx, k_new, 0),
                 buffer_with_guard(ctx, v_new, 0),
             );
-            let qb = buffer_with_guard(ctx, &q, 0);
+            // As the models hold it: bindable as a uniform, which single tokens read
+            // it as where they read K from a texture (`attn_decode_tex`).
+            let qb = wgllm::gpu::upload::activations(ctx, "q", q.len() as u64 * 4).unwrap();
+            ctx.queue.write_buffer(&qb, 0, bytemuck::cast_slice(&q));
             // The whole batch in one chunk, and in chunks of 3 tokens (the last partly
             // filled, and one recorded past the batch's end).
             let threes = Chunks {
@@ -599,6 +602,17 @@ fn attention_gqa_window_batches() {
                     attn.gpu(ctx, &sb, &qb, &kb, &vb, &probs, &ob, chunks, tex)
                         .unwrap(),
                 );
+                // Single tokens with textures read K from one (the decode kernel's
+                // copy), where the device runs that kernel.
+                let decodes = ctx.fixed_subgroup().is_some()
+                    && n_kv as u32 <= attention::DECODE_MAX_KV
+                    && wgllm::ops::mul_mat::binds_x_view(ctx);
+                if toks == 1 && tex.is_some() && decodes {
+                    let copied = d
+                        .iter()
+                        .any(|x| x.label == "attn_decode" && x.copies_in(&step));
+                    assert!(copied, "attn_decode did not read K from a texture");
+                }
                 run(ctx, &d, &step);
                 if toks == 1 {
                     check_probs_row(ctx, &probs, probs_len, chunks, nh, n_kv, window);

@@ -8,6 +8,10 @@
 // vec2<u32>; v_cache: [stride, head_dim * n_head_kv] f16 (transposed), four per vec2<u32>
 // probs: [probs_stride(), tn, n_head] f32 (this step's token is row 0 of each head)
 // out: [head_dim, n_head] f32
+//
+// q and the K cache are read through `dq` and `dk`: from their storage buffers
+// (common/attn_dec_buffer.wgsl), or q as a uniform and K from the texture the step
+// copied it into (common/attn_dec_texture.wgsl, the `attn_decode_tex` build).
 
 struct Params {
     head_dim: u32,
@@ -22,8 +26,6 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
 @group(0) @binding(4) var<storage, read> v_cache: array<vec2<u32>>;
 @group(0) @binding(5) var<storage, read_write> probs: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
@@ -53,12 +55,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         var s = vec4<f32>();
         for (var i = 0u; i < d4; i++) {
-            let qv = q[h * d4 + i];
+            let qv = dq(h * d4 + i);
             s += vec4<f32>(
-                dot(qv, half4(k_cache[kb[0] + i])),
-                dot(qv, half4(k_cache[kb[1] + i])),
-                dot(qv, half4(k_cache[kb[2] + i])),
-                dot(qv, half4(k_cache[kb[3] + i])),
+                dot(qv, dk(kb[0] + i)),
+                dot(qv, dk(kb[1] + i)),
+                dot(qv, dk(kb[2] + i)),
+                dot(qv, dk(kb[3] + i)),
             );
         }
         let j = 4u * j4;

@@ -91,7 +91,23 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "attn_decode",
-        &[STEP, ATTN_V, ATTN_MASK],
+        &[
+            STEP,
+            ATTN_V,
+            ATTN_MASK,
+            wgsl!("common/attn_dec_buffer.wgsl"),
+        ],
+        wgsl!("ops/attn_decode.wgsl"),
+    ),
+    (
+        "attn_decode_tex",
+        &[
+            STEP,
+            ATTN_V,
+            ATTN_MASK,
+            SCRATCH_TEXEL,
+            wgsl!("common/attn_dec_texture.wgsl"),
+        ],
         wgsl!("ops/attn_decode.wgsl"),
     ),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),

@@ -125,7 +125,8 @@ pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention) -> Vec<WarmJob<'a>> 
     jobs.push(Box::new(move || {
         super::reduce_pipeline(ctx, "softmax", &[]).map(drop)
     }));
-    jobs.push(Box::new(move || decode_pipeline(ctx).map(drop)));
+    let decode_tex = attn.reads_textures(ctx) && super::mul_mat::binds_x_view(ctx);
+    jobs.push(Box::new(move || decode_pipeline(ctx, decode_tex).map(drop)));
     jobs
 }
 
@@ -139,9 +140,13 @@ fn decode_fused(s: &StepInfo) -> bool {
     s.n_tokens == 1 && s.n_kv <= DECODE_MAX_KV
 }
 
-/// `attn_decode`'s pipeline, or None where the device cannot run it: its workgroup must
-/// be one whole subgroup, and it binds five storage buffers.
-fn decode_pipeline(ctx: &GpuContext) -> Result<Option<std::sync::Arc<wgpu::ComputePipeline>>> {
+/// `attn_decode`'s pipeline (`attn_decode_tex` with `tex`), or None where the device
+/// cannot run it: its workgroup must be one whole subgroup, and it binds five storage
+/// buffers.
+fn decode_pipeline(
+    ctx: &GpuContext,
+    tex: bool,
+) -> Result<Option<std::sync::Arc<wgpu::ComputePipeline>>> {
     let Some(sg) = ctx.fixed_subgroup() else {
         return Ok(None);
     };
@@ -149,9 +154,14 @@ fn decode_pipeline(ctx: &GpuContext) -> Result<Option<std::sync::Arc<wgpu::Compu
         return Ok(None);
     }
     let consts = [("WG", sg as f64)];
+    let name = if tex {
+        "attn_decode_tex"
+    } else {
+        "attn_decode"
+    };
     ctx.pipelines
-        .get(&ctx.device, "attn_decode", &consts, || {
-            crate::gpu::shaders::op_source("attn_decode")
+        .get(&ctx.device, name, &consts, || {
+            crate::gpu::shaders::op_source(name)
         })
         .map(Some)
 }
@@ -313,7 +323,7 @@ impl Attention {
         self.check()?;
         let tex = tex.filter(|_| self.reads_textures(ctx));
         let bufs = [q, k_cache, v_cache, probs, out];
-        let fused = self.decode_dispatch(ctx, step, bufs, chunks)?;
+        let fused = self.decode_dispatch(ctx, step, bufs, chunks, tex)?;
         let mut d = Vec::new();
         for c in 0..chunks.count {
             d.extend(self.gpu_chunk(ctx, step, bufs, c, chunks, fused.is_some(), tex)?);
@@ -385,14 +395,20 @@ impl Attention {
     /// The single-token steps' one dispatch (`attn_decode.wgsl`) where the device runs
     /// it: a fixed subgroup size and five storage buffers per stage. It covers steps of
     /// up to [`DECODE_MAX_KV`] cached positions, which [`decode_fused`] tells apart.
+    /// With `tex`, where `q` can be bound as a uniform (the models' activation buffers),
+    /// it reads q so and K from `tex`, copied there first (`attn_decode_tex`): on
+    /// lavapipe a storage load costs many times a uniform or texel load (docs/perf.md).
     fn decode_dispatch(
         &self,
         ctx: &GpuContext,
         step: &wgpu::Buffer,
         [q, k_cache, v_cache, probs, out]: [&wgpu::Buffer; 5],
         chunks: Chunks,
+        tex: Option<&AttnTextures>,
     ) -> Result<Option<Dispatch>> {
-        let Some(pipe) = decode_pipeline(ctx)? else {
+        let tex =
+            tex.filter(|_| super::mul_mat::binds_x_view(ctx) && super::mul_mat::reads_uniform(q));
+        let Some(pipe) = decode_pipeline(ctx, tex.is_some())? else {
             return Ok(None);
         };
         let p = DecodeParams {
@@ -407,8 +423,27 @@ impl Attention {
         };
         let n_head = self.n_head;
         let grid = move |s: &StepInfo| [n_head * decode_fused(s) as u32, 1, 1];
-        let bufs = [q, k_cache, v_cache, probs, out];
-        dispatch(ctx, "attn_decode", pipe, step, &p, &bufs, grid).map(Some)
+        let Some(t) = tex else {
+            let bufs = [q, k_cache, v_cache, probs, out];
+            return dispatch(ctx, "attn_decode", pipe, step, &p, &bufs, grid).map(Some);
+        };
+        let resources = vec![
+            // The uniform q of common/attn_dec_texture.wgsl: the buffer's first bytes.
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: q,
+                offset: 0,
+                size: wgpu::BufferSize::new(super::mul_mat::X_UNIFORM_BYTES),
+            }),
+            wgpu::BindingResource::TextureView(&t.k.1),
+            v_cache.as_entire_binding(),
+            probs.as_entire_binding(),
+            out.as_entire_binding(),
+        ];
+        let k_row = self.k_row_bytes();
+        let d = super::dispatch_bound(ctx, "attn_decode", pipe, step, &p, resources, grid)?;
+        Ok(Some(d.with_copies(vec![
+            t.k.copy_from(k_cache, move |s| s.n_kv as u64 * k_row),
+        ])))
     }
 
     /// The dispatches of chunk `c` (tokens c * tokens ..): buffers as in [`Self::gpu`].

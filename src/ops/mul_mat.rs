@@ -509,7 +509,7 @@ pub fn binds_x_view(ctx: &GpuContext) -> bool {
 
 /// Whether `x` can be bound as the uniform activations of `KsU` (its first
 /// [`X_UNIFORM_BYTES`]): the models' activation buffers ([`crate::gpu::upload::activations`]).
-fn reads_uniform(x: &wgpu::Buffer) -> bool {
+pub(crate) fn reads_uniform(x: &wgpu::Buffer) -> bool {
     x.usage().contains(wgpu::BufferUsages::UNIFORM) && x.size() >= X_UNIFORM_BYTES
 }
 
