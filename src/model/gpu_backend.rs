@@ -352,7 +352,7 @@ const SPIN_CAP: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How the host waits for a step of `n_tokens`: polling for single tokens on CPU-hosted
 /// drivers, whose steps are hundreds of short dispatches, each waking the driver's
-/// worker threads; sleeping otherwise.
+/// worker threads (`run_step` polls through the layers only); sleeping otherwise.
 fn step_wait(ctx: &GpuContext, n_tokens: u32) -> Wait {
     if n_tokens == 1 && ctx.info.device_type == wgpu::DeviceType::Cpu {
         Wait::Spin(SPIN_CAP)
