@@ -260,6 +260,21 @@ fn check_normed_x(
     d.iter().map(|d| d.label.clone()).collect()
 }
 
+/// Whether `gpu_normed` builds a product of 3 rows of `n_cols` of `ty` whose norm
+/// weight is a plain storage buffer (it must not: it refuses where the norm does not
+/// fold, and the folded kernels read the weight as a uniform).
+fn folds_from_storage(ctx: &GpuContext, ty: GgmlType, n_cols: usize) -> bool {
+    let gw = upload(ctx, ty, 3, n_cols, &weight(ty, 3, n_cols, 1));
+    let b = buffer_with_guard(ctx, &vec![0.0; n_cols], 0);
+    let sb = step_buffer(ctx, &StepInfo::new(0, 1));
+    let norm = mul_mat::Norm {
+        x: &b,
+        w: &b,
+        eps: 1e-5,
+    };
+    mul_mat::gpu_normed(ctx, &sb, &gw, norm, &[&b], &[3], Columns::All).is_ok()
+}
+
 /// The norm folded into products, where the device runs them in `mul_mat_ks1`: types
 /// walked with and without contiguous runs, one output and three, single tokens, the
 /// last token of a batch, and batches (tiles of four and the tokens after them).
@@ -276,17 +291,9 @@ fn norm_folded_into_products() {
         ] {
             let memory = ctx.matrix_memory(ty);
             if !mul_mat::folds_norm(ctx, ty, (70, n_cols as u64), memory) {
-                let gw = upload(ctx, ty, 3, n_cols, &weight(ty, 3, n_cols, 1));
-                let b = buffer_with_guard(ctx, &vec![0.0; n_cols], 0);
-                let sb = step_buffer(ctx, &StepInfo::new(0, 1));
-                let norm = mul_mat::Norm {
-                    x: &b,
-                    w: &b,
-                    eps: 1e-5,
-                };
-                let r = mul_mat::gpu_normed(ctx, &sb, &gw, norm, &[&b], &[3], Columns::All);
+                let built = folds_from_storage(ctx, ty, n_cols);
                 assert!(
-                    r.is_err(),
+                    !built,
                     "{ty} on {}: folded where it does not fit",
                     label(ctx)
                 );
@@ -297,16 +304,8 @@ fn norm_folded_into_products() {
             let many = (mul_mat::FOLD_MAX_ROWS + 1, n_cols as u64);
             assert!(!mul_mat::folds_norm(ctx, ty, many, memory));
             // The norm's weight is read as a uniform: a storage buffer is refused.
-            let gw = upload(ctx, ty, 3, n_cols, &weight(ty, 3, n_cols, 1));
-            let b = buffer_with_guard(ctx, &vec![0.0; n_cols], 0);
-            let sb = step_buffer(ctx, &StepInfo::new(0, 1));
-            let norm = mul_mat::Norm {
-                x: &b,
-                w: &b,
-                eps: 1e-5,
-            };
-            let r = mul_mat::gpu_normed(ctx, &sb, &gw, norm, &[&b], &[3], Columns::All);
-            assert!(r.is_err(), "{ty} on {}: a storage norm weight", label(ctx));
+            let built = folds_from_storage(ctx, ty, n_cols);
+            assert!(!built, "{ty} on {}: a storage norm weight", label(ctx));
             check_normed(ctx, ty, &[67], n_cols, 1, Columns::All);
             check_normed(ctx, ty, &[67], n_cols, 5, Columns::Last);
             check_normed(ctx, ty, &[67], n_cols, 9, Columns::All);
