@@ -838,7 +838,7 @@ impl GpuModel {
         let mut wait = step_wait(&self.ctx, n);
         // Polling keeps a core awake through the body's hundreds of short dispatches,
         // but takes time from the driver's workers in the head's one long product
-        // (Gemma 3's output: 38 ms blocking against 43-49 polling, docs/perf.md). So
+        // (Gemma 3's output: 38 ms blocking against 41-49 polling, docs/perf.md). So
         // the body goes in a submission of its own, polled until done; the head's is
         // waited for blocking.
         let body_done = if matches!(wait, Wait::Spin(_)) && !head.is_empty() {

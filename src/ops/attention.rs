@@ -396,7 +396,7 @@ impl Attention {
     /// it: a fixed subgroup size and five storage buffers per stage. It covers steps of
     /// up to [`DECODE_MAX_KV`] cached positions, which [`decode_fused`] tells apart.
     /// With `tex`, where `q` can be bound as a uniform (the models' activation buffers),
-    /// it reads q so and K from `tex`, copied there first (`attn_decode_tex`): on
+    /// it reads q as a uniform and K from `tex`, copied there first (`attn_decode_tex`): on
     /// lavapipe a storage load costs many times a uniform or texel load (docs/perf.md).
     fn decode_dispatch(
         &self,
