@@ -450,8 +450,8 @@ fn argmax_matches_the_host() {
     cases.push(("-0 before +0".into(), zeros.clone()));
     (zeros[4100], zeros[5000]) = (0.0, -0.0);
     cases.push(("+0 before -0".into(), zeros));
-    // Lengths past whole vec4s: the best in the last one to three logits, and ties
-    // between a vec4 and the tail.
+    // Lengths just past a span or a multiple of four: the best among the last logits,
+    // and a tie between a span's first logit and the last one.
     for (n, best) in [(4099, 4098), (4101, 4100), (8193, 8192), (6002, 4096)] {
         let mut tail = Rng::new(9).vec(n, 1.0);
         tail[best] = 5.0;

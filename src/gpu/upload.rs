@@ -323,10 +323,7 @@ fn upload_rows(
     let part = if memory == WeightMemory::Buffer {
         // One row (a norm's weight): bindable as the uniform of common/x_norm.wgsl too.
         let (size, usage) = match n_rows == 1 && bytes <= VECTOR_UNIFORM_BYTES {
-            true => (
-                VECTOR_UNIFORM_BYTES,
-                WEIGHT_USAGE | wgpu::BufferUsages::UNIFORM,
-            ),
+            true => (VECTOR_UNIFORM_BYTES, VECTOR_USAGE),
             false => (bytes.next_multiple_of(16), WEIGHT_USAGE),
         };
         PartMemory::Buffer(ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -476,14 +473,16 @@ fn walk_rows(
 
 /// Usage of a weight buffer: read by kernels, filled by copies from the staging ring,
 /// and copied out by tests and tools.
-/// The size of the buffers of one-row tensors (norm weights) of at most this size, which
-/// kernels that fold a norm in read as a uniform array of this size
-/// (common/x_norm.wgsl), and the usage is added for.
-pub const VECTOR_UNIFORM_BYTES: u64 = 16 << 10;
-
 pub const WEIGHT_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
+
+/// The size of the buffers of one-row tensors (norm weights) of at most this size, which
+/// kernels that fold a norm in read as a uniform array of this size (common/x_norm.wgsl).
+pub const VECTOR_UNIFORM_BYTES: u64 = 16 << 10;
+
+/// Usage of those buffers: a weight's, and a uniform's.
+const VECTOR_USAGE: wgpu::BufferUsages = WEIGHT_USAGE.union(wgpu::BufferUsages::UNIFORM);
 
 /// Submits any queued writes and waits for everything submitted to finish (weight
 /// uploads included).
@@ -526,7 +525,7 @@ pub fn vector_init(ctx: &GpuContext, label: &str, data: &[f32]) -> Result<wgpu::
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents: &padded,
-            usage: WEIGHT_USAGE | wgpu::BufferUsages::UNIFORM,
+            usage: VECTOR_USAGE,
         }))
 }
 

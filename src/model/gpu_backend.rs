@@ -835,31 +835,30 @@ impl GpuModel {
         if let Some(prof) = self.profiler.as_mut() {
             prof.begin_step();
         }
-        let mut wait = step_wait(&self.ctx, n);
+        let wait = step_wait(&self.ctx, n);
         // Polling keeps a core awake through the body's hundreds of short dispatches,
         // but takes time from the driver's workers in the head's one long product
         // (Gemma 3's output: 38 ms blocking against 41-49 polling, docs/perf.md). So
         // the body goes in a submission of its own, polled until done; the head's is
         // waited for blocking.
-        let body_done = if matches!(wait, Wait::Spin(_)) && !head.is_empty() {
-            record(&mut enc, self.profiler.as_mut(), self.body.iter(), &info);
-            self.ctx.queue.submit([enc.finish()]);
-            let (tx, rx) = std::sync::mpsc::channel();
-            self.ctx.queue.on_submitted_work_done(move || {
-                let _ = tx.send(());
-            });
-            enc = encoder("step head");
-            record(
-                &mut enc,
-                self.profiler.as_mut(),
-                head.iter().chain(sample),
-                &info,
-            );
-            Some(rx)
-        } else {
-            let plan = self.body.iter().chain(head).chain(sample);
-            record(&mut enc, self.profiler.as_mut(), plan, &info);
-            None
+        let body_done = match wait {
+            Wait::Spin(cap) if !head.is_empty() => {
+                record(&mut enc, self.profiler.as_mut(), self.body.iter(), &info);
+                self.ctx.queue.submit([enc.finish()]);
+                let (tx, rx) = std::sync::mpsc::channel();
+                self.ctx.queue.on_submitted_work_done(move || {
+                    let _ = tx.send(());
+                });
+                enc = encoder("step head");
+                let rest = head.iter().chain(sample);
+                record(&mut enc, self.profiler.as_mut(), rest, &info);
+                Some((rx, cap))
+            }
+            _ => {
+                let plan = self.body.iter().chain(head).chain(sample);
+                record(&mut enc, self.profiler.as_mut(), plan, &info);
+                None
+            }
         };
         if let Some(prof) = self.profiler.as_ref() {
             prof.finish(&mut enc);
@@ -867,10 +866,13 @@ impl GpuModel {
         let bytes = (count * std::mem::size_of::<T>()) as u64;
         self.readback.record(&mut enc, out_buf, 0, bytes)?;
         self.ctx.queue.submit([enc.finish()]);
-        if let (Some(rx), Wait::Spin(cap)) = (body_done, wait) {
-            crate::gpu::readback::poll_for(&self.ctx, &rx, cap)?;
-            wait = Wait::Block;
-        }
+        let wait = match body_done {
+            Some((rx, cap)) => {
+                crate::gpu::readback::poll_for(&self.ctx, &rx, cap)?;
+                Wait::Block
+            }
+            None => wait,
+        };
         let out = self.readback.read_waiting(&self.ctx, count, wait)?;
         if let Some(prof) = self.profiler.as_mut() {
             prof.collect(&self.ctx)?;

@@ -125,7 +125,7 @@ pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention) -> Vec<WarmJob<'a>> 
     jobs.push(Box::new(move || {
         super::reduce_pipeline(ctx, "softmax", &[]).map(drop)
     }));
-    let decode_tex = attn.reads_textures(ctx) && super::mul_mat::binds_x_view(ctx);
+    let decode_tex = attn.decodes_from_textures(ctx);
     jobs.push(Box::new(move || decode_pipeline(ctx, decode_tex).map(drop)));
     jobs
 }
@@ -281,6 +281,13 @@ impl Attention {
         ctx.attention_in_textures() && self.head_dim % 8 == 0
     }
 
+    /// Whether single tokens read q as a uniform and K from a texture
+    /// (`attn_decode_tex`), given a q buffer that binds as one
+    /// (`mul_mat::reads_uniform`).
+    fn decodes_from_textures(&self, ctx: &GpuContext) -> bool {
+        self.reads_textures(ctx) && super::mul_mat::binds_x_view(ctx)
+    }
+
     /// Bytes of one token's Q (f32) and of one position of the K cache (f16).
     fn q_row_bytes(&self) -> u64 {
         self.head_dim as u64 * self.n_head as u64 * 4
@@ -407,7 +414,7 @@ impl Attention {
         tex: Option<&AttnTextures>,
     ) -> Result<Option<Dispatch>> {
         let tex =
-            tex.filter(|_| super::mul_mat::binds_x_view(ctx) && super::mul_mat::reads_uniform(q));
+            tex.filter(|_| self.decodes_from_textures(ctx) && super::mul_mat::reads_uniform(q));
         let Some(pipe) = decode_pipeline(ctx, tex.is_some())? else {
             return Ok(None);
         };
