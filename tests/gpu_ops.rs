@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use wgllm::gguf::TensorInfo;
-use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
+use wgllm::gpu::{upload, DeviceOptions, GpuContext, GpuTensor};
 use wgllm::ops::attention::{self, Attention, AttnTextures, Chunks};
 use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns};
@@ -294,81 +294,106 @@ fn rope_store_matches_rope_then_kv_store() {
                 (64, 3, 3, 32, 5, 17),
                 (32, 2, 2, 32, 1, 0),
             ] {
-                let r = Rope {
-                    head_dim: hd,
-                    n_heads: heads,
-                    n_rot,
-                    mode,
-                    freq_base: 10000.0,
-                    freq_scale: 0.5,
-                };
-                let (kv_dim, n_ctx) = (hd * k_heads, 64u32);
-                let mut rng = Rng::new((hd + pos) as u64);
-                let q = rng.vec((hd * heads * toks) as usize, 1.0);
-                let k = rng.vec((kv_dim * toks) as usize, 1.0);
-                let v = rng.vec((kv_dim * toks) as usize, 1.0);
-                let old = (pos * kv_dim) as usize;
-                let (k0, v0) = (rng.vec(old, 1.0), rng.vec(old, 1.0));
-                let (kc0, vc0) = kv_store::pack_caches(&k0, &v0, kv_dim as usize, n_ctx);
-                let step = StepInfo::new(pos, toks);
-                let sb = step_buffer(ctx, &step);
-                // Both paths from the same inputs; each returns (Q, K cache, V cache).
-                let run_path = |fused: bool| {
-                    let (qb, kb, vb) = (
-                        buffer_with_guard(ctx, &q, 16),
-                        buffer_with_guard(ctx, &k, 0),
-                        buffer_with_guard(ctx, &v, 0),
-                    );
-                    let (kcb, vcb) = (
-                        buffer_with_guard(ctx, &words(&kc0), 16),
-                        buffer_with_guard(ctx, &words(&vc0), 16),
-                    );
-                    let d = if fused {
-                        vec![kv_store::gpu_with_rope(
-                            ctx,
-                            &sb,
-                            &r,
-                            &qb,
-                            [&kb, &vb],
-                            [&kcb, &vcb],
-                            kv_dim,
-                            n_ctx,
-                        )
-                        .unwrap()]
-                    } else {
-                        vec![
-                            r.gpu_pair(ctx, &sb, &qb, Some((&kb, k_heads))).unwrap(),
-                            kv_store::gpu(ctx, &sb, &kb, &vb, &kcb, &vcb, kv_dim, n_ctx).unwrap(),
-                        ]
-                    };
-                    run(ctx, &d, &step);
-                    let halves = |b: &wgpu::Buffer| -> Vec<f32> {
-                        read_checked(ctx, b, kc0.len(), 16)
-                            .iter()
-                            .flat_map(|w| {
-                                let b = w.to_bits();
-                                [b as u16, (b >> 16) as u16]
-                                    .map(|h| half::f16::from_bits(h).to_f32())
-                            })
-                            .collect()
-                    };
-                    (
-                        read_checked(ctx, &qb, q.len(), 16),
-                        halves(&kcb),
-                        halves(&vcb),
-                    )
-                };
-                let (want, got) = (run_path(false), run_path(true));
-                let what = format!(
-                    "{mode:?} hd={hd} rot={n_rot} pos={pos} x{toks} on {}",
-                    label(ctx)
-                );
-                assert!(nmse(&got.0, &want.0) < 1e-10, "rope_store Q {what}");
-                assert!(nmse(&got.1, &want.1) < 1e-6, "rope_store K cache {what}");
-                assert_eq!(got.2, want.2, "rope_store V cache {what}");
+                // Plain, and with the heads' norms before RoPE (Gemma 3).
+                for normed in [false, true] {
+                    check_rope_store(ctx, mode, (hd, heads, k_heads, n_rot), (toks, pos), normed);
+                }
             }
         }
     }
+}
+
+/// `rope_store` (`normed`: with the heads' norms folded in) against `rope` and
+/// `kv_store` on the same inputs (normalised on the host first).
+fn check_rope_store(
+    ctx: &GpuContext,
+    mode: RopeMode,
+    (hd, heads, k_heads, n_rot): (u32, u32, u32, u32),
+    (toks, pos): (u32, u32),
+    normed: bool,
+) {
+    let r = Rope {
+        head_dim: hd,
+        n_heads: heads,
+        n_rot,
+        mode,
+        freq_base: 10000.0,
+        freq_scale: 0.5,
+    };
+    let (kv_dim, n_ctx) = (hd * k_heads, 64u32);
+    let mut rng = Rng::new((hd + pos) as u64);
+    let q = rng.vec((hd * heads * toks) as usize, 1.0);
+    let k = rng.vec((kv_dim * toks) as usize, 1.0);
+    let v = rng.vec((kv_dim * toks) as usize, 1.0);
+    let old = (pos * kv_dim) as usize;
+    let (k0, v0) = (rng.vec(old, 1.0), rng.vec(old, 1.0));
+    let (kc0, vc0) = kv_store::pack_caches(&k0, &v0, kv_dim as usize, n_ctx);
+    let (qw, kw) = (rng.vec(hd as usize, 2.0), rng.vec(hd as usize, 2.0));
+    let eps = 1e-6;
+    let step = StepInfo::new(pos, toks);
+    let sb = step_buffer(ctx, &step);
+    // Both paths from the given inputs; each returns (Q, K cache, V cache).
+    let run_path = |fused: bool, q: &[f32], k: &[f32]| {
+        let (qb, kb, vb) = (
+            buffer_with_guard(ctx, q, 16),
+            buffer_with_guard(ctx, k, 0),
+            buffer_with_guard(ctx, &v, 0),
+        );
+        let (kcb, vcb) = (
+            buffer_with_guard(ctx, &words(&kc0), 16),
+            buffer_with_guard(ctx, &words(&vc0), 16),
+        );
+        let qwb = upload::vector_init(ctx, "q_norm", &qw).unwrap();
+        let kwb = upload::vector_init(ctx, "k_norm", &kw).unwrap();
+        let norms = kv_store::QkNorms {
+            q: &qwb,
+            k: &kwb,
+            eps,
+        };
+        let d = if fused {
+            let dims = (kv_dim, n_ctx);
+            let norms = normed.then_some(norms);
+            let d =
+                kv_store::gpu_with_rope(ctx, &sb, &r, &qb, [&kb, &vb], [&kcb, &vcb], dims, norms);
+            vec![d.unwrap()]
+        } else {
+            vec![
+                r.gpu_pair(ctx, &sb, &qb, Some((&kb, k_heads))).unwrap(),
+                kv_store::gpu(ctx, &sb, &kb, &vb, &kcb, &vcb, kv_dim, n_ctx).unwrap(),
+            ]
+        };
+        run(ctx, &d, &step);
+        let halves = |b: &wgpu::Buffer| -> Vec<f32> {
+            read_checked(ctx, b, kc0.len(), 16)
+                .iter()
+                .flat_map(|w| {
+                    let b = w.to_bits();
+                    [b as u16, (b >> 16) as u16].map(|h| half::f16::from_bits(h).to_f32())
+                })
+                .collect()
+        };
+        (
+            read_checked(ctx, &qb, q.len(), 16),
+            halves(&kcb),
+            halves(&vcb),
+        )
+    };
+    let want = if normed {
+        let (mut qn, mut kn) = (vec![0.0; q.len()], vec![0.0; k.len()]);
+        rms_norm::reference(&q, &qw, &mut qn, hd as usize, eps);
+        rms_norm::reference(&k, &kw, &mut kn, hd as usize, eps);
+        run_path(false, &qn, &kn)
+    } else {
+        run_path(false, &q, &k)
+    };
+    let got = run_path(true, &q, &k);
+    let what = format!(
+        "{mode:?} hd={hd} rot={n_rot} pos={pos} x{toks} normed={normed} on {}",
+        label(ctx)
+    );
+    assert!(nmse(&got.0, &want.0) < 1e-10, "rope_store Q {what}");
+    assert!(nmse(&got.1, &want.1) < 1e-6, "rope_store K cache {what}");
+    assert_eq!(got.2, want.2, "rope_store V cache {what}");
 }
 
 #[test]

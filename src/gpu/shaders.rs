@@ -58,6 +58,16 @@ const OPS: &[(&str, &[&str], &str)] = &[
         wgsl!("ops/rope_store.wgsl"),
     ),
     (
+        "rope_store_norm",
+        &[STEP, REDUCE, ROPE_ANGLE, KV_STORE_V],
+        wgsl!("ops/rope_store_norm.wgsl"),
+    ),
+    (
+        "rope_store_norm_sg",
+        &[STEP, REDUCE_SG, ROPE_ANGLE, KV_STORE_V],
+        wgsl!("ops/rope_store_norm.wgsl"),
+    ),
+    (
         "attn_scores",
         &[STEP, TT1, ATTN_MASK, ATTN_QK_BUFFER],
         wgsl!("ops/attn_scores.wgsl"),

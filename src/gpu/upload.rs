@@ -484,6 +484,12 @@ pub const VECTOR_UNIFORM_BYTES: u64 = 16 << 10;
 /// Usage of those buffers: a weight's, and a uniform's.
 const VECTOR_USAGE: wgpu::BufferUsages = WEIGHT_USAGE.union(wgpu::BufferUsages::UNIFORM);
 
+/// Whether `b` binds as such a uniform vector (the upload's one-row tensors,
+/// [`vector_init`]).
+pub fn is_vector_uniform(b: &wgpu::Buffer) -> bool {
+    b.size() >= VECTOR_UNIFORM_BYTES && b.usage().contains(wgpu::BufferUsages::UNIFORM)
+}
+
 /// Submits any queued writes and waits for everything submitted to finish (weight
 /// uploads included).
 pub fn flush_uploads(ctx: &GpuContext) -> Result<()> {

@@ -5,11 +5,11 @@
 use std::sync::Arc;
 
 use super::config::Config;
-use super::graph::{self, Ops, Scratch};
+use super::graph::{self, HeadNorms, Ops, Scratch};
 use super::weights::{self, ModelWeights};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::readback::{Readback, Wait};
-use crate::gpu::upload::storage;
+use crate::gpu::upload::{is_vector_uniform, storage};
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::ops::attention::{Attention, AttnTextures, Chunks};
 use crate::ops::glu::Activation;
@@ -123,6 +123,33 @@ impl<'a> Recorder<'a> {
             .get(il)
             .ok_or_else(|| Error::model(format!("no KV cache for layer {il}")))?;
         Ok([kc, vc])
+    }
+
+    /// `rope_store` (with the heads' norms first, given `norms`), then the attention:
+    /// Q is rotated in place, K on its way into layer `il`'s cache.
+    fn rope_store_attend(
+        &mut self,
+        il: usize,
+        [q, k, v]: [&wgpu::Buffer; 3],
+        norms: Option<ops::kv_store::QkNorms<'_>>,
+        out: &wgpu::Buffer,
+        rope: &Rope,
+        attn: &Attention,
+    ) -> Result<()> {
+        let [kc, vc] = self.cache(il)?;
+        let dims = (self.kv_dim, self.n_ctx);
+        let d = ops::kv_store::gpu_with_rope(
+            self.ctx,
+            self.step,
+            rope,
+            q,
+            [k, v],
+            [kc, vc],
+            dims,
+            norms,
+        )?;
+        self.plan.push(d);
+        self.attend(il, q, out, attn)
     }
 
     /// Attention over layer `il`'s caches, which already hold this step's keys and
@@ -259,20 +286,38 @@ impl Ops for Recorder<'_> {
             self.rope_qk(q, k, rope, k_heads)?;
             return self.attention(il, q, k, v, out, attn);
         }
-        let [kc, vc] = self.cache(il)?;
-        let (kv_dim, n_ctx) = (self.kv_dim, self.n_ctx);
-        let d = ops::kv_store::gpu_with_rope(
-            self.ctx,
-            self.step,
-            rope,
-            q,
-            [k, v],
-            [kc, vc],
-            kv_dim,
-            n_ctx,
-        )?;
-        self.plan.push(d);
-        self.attend(il, q, out, attn)
+        self.rope_store_attend(il, [q, k, v], None, out, rope, attn)
+    }
+
+    fn norm_rope_attention(
+        &mut self,
+        il: usize,
+        qkv: [&wgpu::Buffer; 3],
+        [qn, kn]: [&wgpu::Buffer; 2],
+        norms: &HeadNorms<'_, GpuTensor>,
+        out: &wgpu::Buffer,
+        rope: &Rope,
+        k_heads: u32,
+        attn: &Attention,
+    ) -> Result<()> {
+        self.settle();
+        let (wq, wk) = (single(norms.q)?, single(norms.k)?);
+        let fused = ops::kv_store::qk_norms_available(self.ctx, rope.head_dim)
+            && is_vector_uniform(wq)
+            && is_vector_uniform(wk);
+        if !fused {
+            // The graph's own order: both norms, then RoPE and the attention.
+            let (hd, eps) = (rope.head_dim, norms.eps);
+            self.rms_norm(qkv[0], norms.q, qn, hd, rope.n_heads, eps)?;
+            self.rms_norm(qkv[1], norms.k, kn, hd, k_heads, eps)?;
+            return self.rope_attention(il, [qn, kn, qkv[2]], out, rope, k_heads, attn);
+        }
+        let norms = ops::kv_store::QkNorms {
+            q: wq,
+            k: wk,
+            eps: norms.eps,
+        };
+        self.rope_store_attend(il, qkv, Some(norms), out, rope, attn)
     }
 
     fn attention(

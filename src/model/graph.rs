@@ -66,6 +66,26 @@ pub trait Ops {
         self.rope_qk(q, k, rope, k_heads)?;
         self.attention(il, q, k, v, out, attn)
     }
+    /// The per-head RMS norms of Q and K (`norms`), then [`Ops::rope_attention`] on the
+    /// normalised heads, which go to `normed` ([Q, K]) where the backend has no fused
+    /// form.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rope_attention(
+        &mut self,
+        il: usize,
+        [q, k, v]: [&Self::Act; 3],
+        [qn, kn]: [&Self::Act; 2],
+        norms: &HeadNorms<'_, Self::Weight>,
+        out: &Self::Act,
+        rope: &Rope,
+        k_heads: u32,
+        attn: &Attention,
+    ) -> Result<()> {
+        let (hd, eps) = (rope.head_dim, norms.eps);
+        self.rms_norm(q, norms.q, qn, hd, rope.n_heads, eps)?;
+        self.rms_norm(k, norms.k, kn, hd, k_heads, eps)?;
+        self.rope_attention(il, [qn, kn, v], out, rope, k_heads, attn)
+    }
     /// Append k, v to layer `il`'s cache and attend with q into `out`.
     fn attention(
         &mut self,
@@ -132,6 +152,13 @@ pub trait Ops {
         self.rms_norm(p, w, tmp, n, 1, eps)?;
         self.add(x, tmp, n)
     }
+}
+
+/// The weights of a layer's per-head Q and K norms (Gemma 3), [head_dim] each.
+pub struct HeadNorms<'a, W> {
+    pub q: &'a W,
+    pub k: &'a W,
+    pub eps: f32,
 }
 
 /// Products of one input: N matrices, or one matrix holding their rows one after
@@ -253,22 +280,18 @@ pub fn layer<O: Ops>(
     // Attention.
     o.rms_norm(&s.x, &w.attn_norm, &s.xn, n_embd, 1, eps)?;
     w.qkv.run(o, &s.xn, [&s.q, &s.k, &s.v])?;
-    let (q, k) = match (&w.q_norm, &w.k_norm) {
-        (Some(qn), Some(kn)) => {
-            o.rms_norm(&s.q, qn, &s.qn, cfg.head_dim, cfg.n_head, eps)?;
-            o.rms_norm(&s.k, kn, &s.kn, cfg.head_dim, cfg.n_head_kv, eps)?;
-            (&s.qn, &s.kn)
+    let rope = rope_of(cfg, il, cfg.n_head);
+    let attn = attention_of(cfg, il, n_ctx);
+    let qkv = [&s.q, &s.k, &s.v];
+    match (&w.q_norm, &w.k_norm) {
+        (Some(q), Some(k)) => {
+            let norms = HeadNorms { q, k, eps };
+            let normed = [&s.qn, &s.kn];
+            let kh = cfg.n_head_kv;
+            o.norm_rope_attention(il as usize, qkv, normed, &norms, &s.attn, &rope, kh, &attn)?
         }
-        _ => (&s.q, &s.k),
-    };
-    o.rope_attention(
-        il as usize,
-        [q, k, &s.v],
-        &s.attn,
-        &rope_of(cfg, il, cfg.n_head),
-        cfg.n_head_kv,
-        &attention_of(cfg, il, n_ctx),
-    )?;
+        _ => o.rope_attention(il as usize, qkv, &s.attn, &rope, cfg.n_head_kv, &attn)?,
+    }
     residual(o, cfg, &w.wo, &s.attn, &w.post_attn_norm, s)?;
     // Feed-forward.
     o.rms_norm(&s.x, &w.ffn_norm, &s.xn, n_embd, 1, eps)?;

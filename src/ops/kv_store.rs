@@ -6,6 +6,7 @@
 
 use super::rope::Rope;
 use super::{dispatch, groups, op_pipeline, Dispatch, WG};
+use crate::gpu::upload::{is_vector_uniform, VECTOR_UNIFORM_BYTES};
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
 
@@ -77,7 +78,9 @@ struct RopeStoreParams {
     rope: super::rope::Params,
     kv_dim: u32,
     stride: u32,
-    _pad: [u32; 2],
+    /// The epsilon of the heads' norms (`rope_store_norm` only).
+    eps: f32,
+    _pad: u32,
 }
 
 /// Storage buffers `rope_store` binds.
@@ -89,9 +92,29 @@ pub fn rope_store_available(ctx: &GpuContext) -> bool {
     ctx.limits.max_storage_buffers_per_shader_stage >= ROPE_STORE_BUFFERS
 }
 
+/// The per-head RMS norms of Q and K that [`gpu_with_rope`] may run first (Gemma 3's
+/// q_norm and k_norm): their weights, [head_dim] f32 each in a uniform-capable buffer
+/// of [`VECTOR_UNIFORM_BYTES`] (`gpu::upload::vector_init`).
+#[derive(Clone, Copy)]
+pub struct QkNorms<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub eps: f32,
+}
+
+/// Whether `ctx` runs [`gpu_with_rope`] with [`QkNorms`] of heads of `head_dim`.
+pub fn qk_norms_available(ctx: &GpuContext, head_dim: u32) -> bool {
+    rope_store_available(ctx)
+        && ctx.limits.max_uniform_buffers_per_shader_stage >= 4
+        && ctx.limits.max_uniform_buffer_binding_size >= VECTOR_UNIFORM_BYTES
+        && head_dim as u64 * 4 <= VECTOR_UNIFORM_BYTES
+}
+
 /// `rope` on q (`rope`'s heads, in place) and on k, with k and v appended to the
 /// caches as [`gpu`] appends them, in one dispatch. k_new is left unrotated: the
-/// rotated keys go to the cache only.
+/// rotated keys go to the cache only. With `norms`, each head of q and k is normalised
+/// first (`rms_norm` over the head, times its weight): q in place, k on its way into
+/// the cache.
 #[allow(clippy::too_many_arguments)]
 pub fn gpu_with_rope(
     ctx: &GpuContext,
@@ -100,8 +123,8 @@ pub fn gpu_with_rope(
     q: &wgpu::Buffer,
     [k_new, v_new]: [&wgpu::Buffer; 2],
     [k_cache, v_cache]: [&wgpu::Buffer; 2],
-    kv_dim: u32,
-    n_ctx: u32,
+    (kv_dim, n_ctx): (u32, u32),
+    norms: Option<QkNorms<'_>>,
 ) -> Result<Dispatch> {
     check_kv_dim(kv_dim)?;
     if kv_dim % rope.head_dim != 0 || rope.head_dim % 2 != 0 {
@@ -110,17 +133,41 @@ pub fn gpu_with_rope(
             rope.head_dim
         )));
     }
-    let n = (rope.n_rot / 2 * rope.n_heads).max(kv_dim);
     let p = RopeStoreParams {
         rope: rope.params(),
         kv_dim,
         stride: v_stride(n_ctx),
-        _pad: [0; 2],
+        eps: norms.map_or(0.0, |n| n.eps),
+        _pad: 0,
     };
     let bufs = [q, k_new, v_new, k_cache, v_cache];
-    let pipe = op_pipeline(ctx, "rope_store")?;
-    dispatch(ctx, "rope_store", pipe, step, &p, &bufs, move |s| {
-        [groups(n, WG), s.n_tokens, 1]
+    let Some(norms) = norms else {
+        let n = (rope.n_rot / 2 * rope.n_heads).max(kv_dim);
+        let pipe = op_pipeline(ctx, "rope_store")?;
+        return dispatch(ctx, "rope_store", pipe, step, &p, &bufs, move |s| {
+            [groups(n, WG), s.n_tokens, 1]
+        });
+    };
+    if !qk_norms_available(ctx, rope.head_dim) {
+        return Err(Error::Unsupported(format!(
+            "Q/K norms folded into RoPE on {} (heads of {})",
+            ctx.info.name, rope.head_dim
+        )));
+    }
+    for (what, w) in [("Q", norms.q), ("K", norms.k)] {
+        if !is_vector_uniform(w) {
+            return Err(Error::gpu(format!(
+                "the {what} norm's weight must be a uniform buffer of at least {VECTOR_UNIFORM_BYTES} bytes (gpu::upload::vector_init), got {} bytes",
+                w.size()
+            )));
+        }
+    }
+    // One workgroup per head of Q and of K.
+    let heads = rope.n_heads + kv_dim / rope.head_dim;
+    let pipe = super::reduce_pipeline(ctx, "rope_store_norm", &[])?;
+    let bufs = [q, k_new, v_new, k_cache, v_cache, norms.q, norms.k];
+    dispatch(ctx, "rope_store_norm", pipe, step, &p, &bufs, move |s| {
+        [heads, s.n_tokens, 1]
     })
 }
 

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use super::{dispatch, dispatch_bound, groups, Dispatch, StepInfo, WG};
 use crate::gpu::pipelines::Binding;
 use crate::gpu::shaders::Form;
-use crate::gpu::upload::{Part, WeightMemory, VECTOR_UNIFORM_BYTES};
+use crate::gpu::upload::{is_vector_uniform, Part, WeightMemory, VECTOR_UNIFORM_BYTES};
 use crate::gpu::{GpuContext, GpuTensor};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -792,7 +792,7 @@ pub fn gpu_normed(
         )));
     }
     let nw = norm.w;
-    if nw.size() < VECTOR_UNIFORM_BYTES || !nw.usage().contains(wgpu::BufferUsages::UNIFORM) {
+    if !is_vector_uniform(nw) {
         return Err(Error::gpu(format!(
             "{}: a folded norm's weight must be a uniform buffer of at least {VECTOR_UNIFORM_BYTES} bytes (gpu::upload::vector_init), got {} bytes",
             w.name,

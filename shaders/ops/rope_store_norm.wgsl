@@ -1,0 +1,122 @@
+// `rope_store` with the per-head RMS norms before it (Gemma 3's q_norm and k_norm) in
+// the same dispatch: three dispatches become one, and on CPU-hosted drivers each
+// dispatch costs tens of microseconds whatever its size.
+//
+// One workgroup per head of one token: workgroups 0 .. n_heads take Q's heads,
+// normalised and rotated in place; the next kv_dim / head_dim take K's, normalised and
+// rotated on their way into the cache (k_new is left as it was), and store the head's
+// V values as `kv_store` does. A head's sum of squares is one workgroup reduction; every
+// lane reads the elements of its pairs only after it, so rotating in place races with
+// no other lane's reads.
+//
+// q: [head_dim, n_heads, n_tokens] f32; k_new, v_new: [kv_dim, n_tokens] f32;
+// k_cache, v_cache: as in kv_store.wgsl; qw, kw: [head_dim] f32, the norms' weights.
+
+struct Params {
+    // As rope_store.wgsl's (Rust `kv_store::RopeStoreParams`).
+    head_dim: u32,
+    n_heads: u32, // Q's heads
+    n_rot: u32,
+    mode: u32,
+    freq_base: f32,
+    freq_scale: f32,
+    _heads2: u32, // unused here
+    _pad0: u32,
+    kv_dim: u32,
+    stride: u32, // V row length in halves (even)
+    eps: f32,    // the norms' epsilon
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read_write> q: array<f32>;
+@group(0) @binding(3) var<storage, read> k_new: array<f32>;
+@group(0) @binding(4) var<storage, read> v_new: array<f32>;
+@group(0) @binding(5) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(6) var<storage, read_write> v_cache: array<u32>;
+// Uniforms, as a folded norm's weight (common/x_norm.wgsl): heads of up to 4096.
+@group(0) @binding(7) var<uniform> qw: array<vec4<f32>, 1024>;
+@group(0) @binding(8) var<uniform> kw: array<vec4<f32>, 1024>;
+
+// Lanes per workgroup: 64, or one subgroup with common/reduce_sg.wgsl.
+override WG: u32 = 64u;
+var<workgroup> partial: array<f32, 64>;
+
+fn q_w(d: u32) -> f32 {
+    return qw[d >> 2u][d & 3u];
+}
+
+fn k_w(d: u32) -> f32 {
+    return kw[d >> 2u][d & 3u];
+}
+
+// Element d of the K head at `base` in k_new, normalised (`inv` is 1 / its rms).
+fn k_normed(base: u32, d: u32, inv: f32) -> f32 {
+    return k_new[base + d] * inv * k_w(d);
+}
+
+// As `k_rotated` in rope_store.wgsl, on the normalised head.
+fn k_rotated(base: u32, d: u32, pos: u32, inv: f32) -> f32 {
+    if (d >= p.n_rot) {
+        return k_normed(base, d, inv);
+    }
+    let half_rot = p.n_rot / 2u;
+    let i = select(d / 2u, d % half_rot, p.mode == 2u);
+    let ab = rope_pair(i, p.n_rot, p.mode);
+    let cs = rope_cs(pos, i, p.n_rot, p.freq_base, p.freq_scale);
+    let x0 = k_normed(base, ab.x, inv);
+    let x1 = k_normed(base, ab.y, inv);
+    return select(x0 * cs.y + x1 * cs.x, x0 * cs.x - x1 * cs.y, d == ab.x);
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = wid.y;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let pos = step.pos + t;
+    let hd = p.head_dim;
+    // Uniform per workgroup. The loops below test it rather than branch on it: a
+    // CPU-hosted driver runs both sides of a branch under lane masks, but skips a loop
+    // no lane enters.
+    let is_k = wid.x >= p.n_heads;
+    let hk = wid.x - min(wid.x, p.n_heads);
+    let qb = (t * p.n_heads + wid.x) * hd;
+    let kb = t * p.kv_dim + hk * hd;
+
+    var s = 0.0;
+    for (var d = li; !is_k && d < hd; d += WG) {
+        let v = q[qb + d];
+        s += v * v;
+    }
+    for (var d = li; is_k && d < hd; d += WG) {
+        let v = k_new[kb + d];
+        s += v * v;
+    }
+    let inv = inverseSqrt(workgroup_sum(li, s) / f32(hd) + p.eps);
+
+    // Q: each lane's pairs, then its elements past the rotation.
+    let half_rot = p.n_rot / 2u;
+    for (var i = li; !is_k && i < half_rot; i += WG) {
+        let cs = rope_cs(pos, i, p.n_rot, p.freq_base, p.freq_scale);
+        let ab = rope_pair(i, p.n_rot, p.mode);
+        let x0 = q[qb + ab.x] * inv * q_w(ab.x);
+        let x1 = q[qb + ab.y] * inv * q_w(ab.y);
+        q[qb + ab.x] = x0 * cs.x - x1 * cs.y;
+        q[qb + ab.y] = x0 * cs.y + x1 * cs.x;
+    }
+    for (var d = p.n_rot + li; !is_k && d < hd; d += WG) {
+        q[qb + d] *= inv * q_w(d);
+    }
+
+    // K: the cache's pairs of neighbouring values; V as `kv_store` stores it.
+    for (var d = 2u * li; is_k && d < hd; d += 2u * WG) {
+        let k2 = vec2<f32>(k_rotated(kb, d, pos, inv), k_rotated(kb, d + 1u, pos, inv));
+        k_cache[(pos * p.kv_dim + hk * hd + d) / 2u] = pack2x16float(k2);
+    }
+    for (var d = li; is_k && d < hd; d += WG) {
+        store_v(hk * hd + d, t, p.kv_dim, p.stride);
+    }
+}
