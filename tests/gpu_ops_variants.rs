@@ -8,6 +8,7 @@ use common::*;
 use wgllm::gguf::TensorInfo;
 use wgllm::gpu::upload::{vector_init, WeightMemory};
 use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
+use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns, Variant, Window};
 use wgllm::ops::{StepInfo, Store};
 use wgllm::quant::{self, GgmlType};
@@ -388,6 +389,120 @@ fn activations_read_as_uniforms() {
         c.info.device_type == wgpu::DeviceType::Cpu && c.info.backend == wgpu::Backend::Vulkan
     });
     assert!(!cpu_vulkan || ran > 0, "no adapter ran `ks`");
+}
+
+/// A fused gate/up product with the activation after it: where the single-token kernel
+/// has the GLU store (`mul_mat_ks1`, rows of gate in whole subgroup blocks), single
+/// tokens store act(gate) * up themselves and the `glu` dispatch runs in batches only;
+/// elsewhere it runs in every step. Either way `out` must be the activation of the two
+/// products, from plain and uniform-bindable activations, with the norm before the
+/// product folded in or not.
+#[test]
+fn gate_up_stores_the_activation() {
+    let mut stored_somewhere = false;
+    for ctx in contexts() {
+        for (ty, n_ff, n_cols, act) in [
+            (GgmlType::Q4_1, 48, 576, Activation::Silu),
+            (GgmlType::Q5_0, 72, 640, Activation::GeluTanh),
+            (GgmlType::Q4_K, 40, 1024, Activation::GeluTanh),
+            (GgmlType::Q8_0, 36, 640, Activation::Silu),
+            (GgmlType::Q6_K, 24, 512, Activation::Silu),
+        ] {
+            for toks in [1, 5] {
+                for xk in [XBuffer::Storage, XBuffer::Uniform] {
+                    for normed in [false, true] {
+                        let case = GluCase {
+                            shape: (ty, n_ff, n_cols),
+                            act,
+                            toks,
+                            xk,
+                            normed,
+                        };
+                        stored_somewhere |= check_gate_up(ctx, case);
+                    }
+                }
+            }
+        }
+    }
+    // lavapipe runs `mul_mat_ks1` with 8-lane subgroups: the store must have run there.
+    let cpu_vulkan = contexts().iter().any(|c| {
+        c.info.device_type == wgpu::DeviceType::Cpu && c.info.backend == wgpu::Backend::Vulkan
+    });
+    assert!(!cpu_vulkan || stored_somewhere, "no adapter stored a GLU");
+}
+
+#[derive(Clone, Copy, Debug)]
+struct GluCase {
+    /// Type, rows of gate (and of up), columns.
+    shape: (GgmlType, usize, usize),
+    act: Activation,
+    toks: usize,
+    xk: XBuffer,
+    normed: bool,
+}
+
+/// One [`gate_up_stores_the_activation`] case; returns whether single tokens stored
+/// the activation in the product.
+fn check_gate_up(ctx: &GpuContext, c: GluCase) -> bool {
+    let (ty, n_ff, n_cols) = c.shape;
+    let ws = [weight(ty, n_ff, n_cols, 51), weight(ty, n_ff, n_cols, 52)];
+    let gw = upload_fused(ctx, ty, &[n_ff, n_ff], n_cols, &ws);
+    let x = Rng::new(11).vec(n_cols * c.toks, 2.0);
+    let nw = Rng::new(12).vec(n_cols, 1.0);
+    let eps = 1e-6;
+    let memory = ctx.matrix_memory(ty);
+    let folds = mul_mat::folds_norm(ctx, ty, (2 * n_ff as u64, n_cols as u64), memory);
+    if c.normed && !folds {
+        return false;
+    }
+    let mut xn = vec![0f32; x.len()];
+    wgllm::ops::rms_norm::reference(&x, &nw, &mut xn, n_cols, eps);
+    let step = StepInfo::new(0, c.toks as u32);
+    let sb = step_buffer(ctx, &step);
+    let xb = x_buffer(ctx, &x, c.xk);
+    let nwb = vector_init(ctx, "norm weight", &nw).expect("norm weight");
+    let norm = c.normed.then_some(mul_mat::Norm {
+        x: &xb,
+        w: &nwb,
+        eps,
+    });
+    let stale = |n: usize| Rng::new(13).vec(n, 5.0);
+    let gb = buffer_with_guard(ctx, &stale(n_ff * c.toks), 64);
+    let ub = buffer_with_guard(ctx, &stale(n_ff * c.toks), 64);
+    let ob = buffer_with_guard(ctx, &stale(n_ff * c.toks), 64);
+    let glu = mul_mat::Glu {
+        out: &ob,
+        act: c.act,
+    };
+    let built = mul_mat::gpu_gate_up(ctx, &sb, &gw, (&xb, norm), [&gb, &ub], glu);
+    let (mut d, stored) = built.expect("build");
+    let n = n_ff as u32;
+    d.push(glu::gpu_in(ctx, &sb, [&gb, &ub, &ob], n, c.act, stored).expect("glu"));
+    run(ctx, &d, &step);
+    let q8 = mul_mat::gpu_quantizes_batches(ctx, &gw, Columns::All).expect("variant");
+    let xin = if c.normed { &xn } else { &x };
+    let [g, u] =
+        [0, 1].map(|i| mul_mat_want(ty, &ws[i], (n_ff, n_cols), xin, c.toks, Columns::All, q8));
+    let mut want = vec![0f32; g.len()];
+    glu::reference(&g, &u, &mut want, c.act);
+    let got = read_checked(ctx, &ob, want.len(), 64);
+    let e = nmse(&got, &want);
+    assert!(
+        e < 1e-9,
+        "{c:?} on {}: nmse {e:e}, stored {stored}",
+        label(ctx)
+    );
+    // Whole subgroup blocks of gate rows, on `mul_mat_ks1`'s types (not Q6_K), store.
+    let sg = ctx.subgroup_min_size.max(1) as usize;
+    let ks1 = Variant::Ks.available(ctx) && ty != GgmlType::Q6_K && n_ff % sg == 0;
+    if ctx.info.device_type == wgpu::DeviceType::Cpu && ks1 {
+        assert!(
+            stored,
+            "{c:?} on {}: the activation went to a dispatch",
+            label(ctx)
+        );
+    }
+    stored
 }
 
 fn variants(ctx: &GpuContext) -> impl Iterator<Item = Variant> + '_ {

@@ -23,6 +23,13 @@ struct Params {
     seg_end: u32,
     // The epsilon of the norm `mul_mat_ks1` folds in (common/x_norm.wgsl).
     norm_eps: f32,
+    // 0, or 1 + the activation (common/act.wgsl) of a fused gate/up product whose
+    // single-token build stores act(gate) * up (`mul_mat_ks1`'s GLU store): y_stride
+    // rows of gate, then as many of up.
+    glu: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // Stores to an output add the product to it when p.acc is 1 (the residual stream),

@@ -1,5 +1,4 @@
-// Gated linear unit: out = act(gate) * up, act = SiLU (SwiGLU, llama) or GELU with the
-// tanh approximation (GeGLU, Gemma).
+// Gated linear unit: out = act(gate) * up (common/act.wgsl).
 //
 // gate, up, out: [n, n_tokens] f32
 
@@ -18,15 +17,6 @@ struct Params {
 
 override WG: u32 = 64u;
 
-fn gelu_tanh(x: f32) -> f32 {
-    // 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))); tanh written through exp so
-    // large |x| saturates instead of overflowing.
-    let u = 0.7978845608 * (x + 0.044715 * x * x * x);
-    let e = exp(-2.0 * abs(u));
-    let th = sign(u) * (1.0 - e) / (1.0 + e);
-    return 0.5 * x * (1.0 + th);
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let i = gid.x;
@@ -35,12 +25,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let k = t * p.n + i;
-    let g = gate[k];
-    var a: f32;
-    if (p.act == 0u) {
-        a = g / (1.0 + exp(-g));
-    } else {
-        a = gelu_tanh(g);
-    }
-    out[k] = a * up[k];
+    out[k] = glu_act(p.act, gate[k]) * up[k];
 }

@@ -27,6 +27,10 @@
 // left. Batches of the types whose rows pack into integers (Q4_0, Q4_1, Q5_0, Q5_1) run
 // ops/mul_mat_ks1i.wgsl instead of the tile build.
 //
+// With `p.glu` (a fused gate/up product of single tokens, `ops::mul_mat::gpu_gate_up`)
+// the single-token loop walks a block of gate's rows then the same rows of up, and
+// stores act(gate) * up (`glu_row`, `store_row`): no `glu` dispatch after it.
+//
 // Params: common/mul_mat_params.wgsl; bindings as `mul_mat_ks`, and the norm's weight
 // at 8 with NORM. The workgroup's shape and lanes: common/ks1_lanes.wgsl.
 
@@ -121,6 +125,28 @@ fn row_dot4(
     return v;
 }
 
+// The GLU store (`p.glu`, a fused gate/up product of single tokens): the workgroups
+// walk the rows in blocks of WG, a block of gate's rows then the same rows of up, so
+// that each lane holds its gate row's sum when it gets its up row's and stores
+// act(gate) * up. Row v of that walk is this row of the product (y_stride rows of gate,
+// then up's); without GLU, row v.
+fn glu_row(v: u32) -> u32 {
+    let g = v / (2u * WG) * WG + v % WG;
+    let up = ((v / WG) & 1u) == 1u;
+    return select(v, select(g, p.y_stride + g, up), p.glu != 0u);
+}
+
+// Row v of the walk (see `glu_row`): stored, or with GLU, act(gate) * x where v is an
+// up row (the lane's `gate` is its gate row's sum, from the block before).
+fn store_row(t: u32, v: u32, x: f32, gate: f32) {
+    if (p.glu == 0u) {
+        store_out(t, v, x);
+    } else if (((v / WG) & 1u) == 1u) {
+        let g = v / (2u * WG) * WG + v % WG;
+        store_y(t * p.y_stride + g, glu_act(p.glu - 1u, gate) * x);
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -187,11 +213,12 @@ fn main(
         let s3 = slot(first, t, 3u, l, n_chunks, inv); // @slot 3
         let s4 = slot(first, t, 4u, l, n_chunks, inv); // @slot 4
         let s5 = slot(first, t, 5u, l, n_chunks, inv); // @slot 5
+        var gate = 0.0;
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = 0.0;
             for (var j = 0u; j < min(WG, nr - i0); j++) {
                 let v = row_dot(
-                    (r0 + i0 + j) * p.row_bytes,
+                    glu_row(r0 + i0 + j) * p.row_bytes,
                     s0,
                     s1, // @slot 1
                     s2, // @slot 2
@@ -202,8 +229,9 @@ fn main(
                 mine = select(mine, subgroupAdd(v), l == j);
             }
             if (i0 + l < nr) {
-                store_out(t, out0 + i0 + l, mine);
+                store_row(t, out0 + i0 + l, mine, gate);
             }
+            gate = mine;
         }
     }
 }

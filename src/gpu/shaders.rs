@@ -20,6 +20,8 @@ const W_STORAGE: &str = wgsl!("common/w_storage.wgsl");
 const W_TEXTURE: &str = wgsl!("common/w_texture.wgsl");
 const REDUCE: &str = wgsl!("common/reduce.wgsl");
 const ROPE_ANGLE: &str = wgsl!("common/rope_angle.wgsl");
+/// The gated activations (`glu`, and `mul_mat_ks1`'s GLU store).
+const ACT: &str = wgsl!("common/act.wgsl");
 const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
 const ATTN_V: &str = wgsl!("common/attn_v.wgsl");
 const ATTN_MASK: &str = wgsl!("common/attn_mask.wgsl");
@@ -121,7 +123,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
         wgsl!("ops/attn_decode.wgsl"),
     ),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
-    ("glu", &[STEP], wgsl!("ops/glu.wgsl")),
+    ("glu", &[STEP, ACT], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),
     ("argmax", &[STEP], wgsl!("ops/argmax.wgsl")),
     ("mul_mat_xcopy", &[STEP], wgsl!("ops/mul_mat_xcopy.wgsl")),
@@ -215,6 +217,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             X_CHUNK,
             X_PLAIN,
             KS1_LANES,
+            ACT,
             MUL_MAT_KS1,
             MUL_MAT_XS,
         ],
@@ -228,6 +231,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             X_CHUNK,
             X_NORM,
             KS1_LANES,
+            ACT,
             MUL_MAT_KS1,
             MUL_MAT_XS,
         ],
@@ -241,6 +245,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             X_CHUNK,
             X_PLAIN,
             KS1_LANES,
+            ACT,
             MUL_MAT_KS1,
             MUL_MAT_XU,
         ],
@@ -254,6 +259,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             X_CHUNK,
             X_NORM,
             KS1_LANES,
+            ACT,
             MUL_MAT_KS1,
             MUL_MAT_XU,
         ],

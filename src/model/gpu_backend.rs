@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use super::config::Config;
-use super::graph::{self, HeadNorms, Ops, Scratch};
+use super::graph::{self, HeadNorms, Ops, Proj, Scratch};
 use super::weights::{self, ModelWeights};
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::readback::{Readback, Wait};
@@ -346,6 +346,44 @@ impl Ops for Recorder<'_> {
     ) -> Result<()> {
         self.settle();
         let d = ops::glu::gpu(self.ctx, self.step, gate, up, out, n, act)?;
+        self.plan.push(d);
+        Ok(())
+    }
+
+    fn mul_mat_glu(
+        &mut self,
+        w: &Proj<GpuTensor, 2>,
+        x: &wgpu::Buffer,
+        [gate, up]: [&wgpu::Buffer; 2],
+        out: &wgpu::Buffer,
+        (n, act): (u32, Activation),
+    ) -> Result<()> {
+        let wt = match w {
+            Proj::Fused(wt, rows) if *rows == [n, n] && self.ctx.fused_outputs() => wt,
+            _ => {
+                w.run(self, x, [gate, up])?;
+                return self.glu(gate, up, out, n, act);
+            }
+        };
+        let glu = ops::mul_mat::Glu { out, act };
+        let norm = match self.folds(wt, x, &[gate, up]) {
+            true => self.pending.as_mut(),
+            false => None,
+        };
+        let norm = norm.map(|p| {
+            p.folded = true;
+            ops::mul_mat::Norm {
+                x: &p.x,
+                w: &p.w,
+                eps: p.eps,
+            }
+        });
+        let io = (x, norm);
+        let (d, stored) = ops::mul_mat::gpu_gate_up(self.ctx, self.step, wt, io, [gate, up], glu)?;
+        self.plan.extend(d);
+        self.settle();
+        // Batches, and single tokens where the product did not store the activation.
+        let d = ops::glu::gpu_in(self.ctx, self.step, [gate, up, out], n, act, stored)?;
         self.plan.push(d);
         Ok(())
     }

@@ -105,6 +105,20 @@ pub trait Ops {
         n: u32,
         act: Activation,
     ) -> Result<()>;
+    /// gate = W_gate x and up = W_up x (`w`), then `out` = act(gate) * up over `n`
+    /// elements per token: one call, so a backend may apply the activation inside the
+    /// product.
+    fn mul_mat_glu(
+        &mut self,
+        w: &Proj<Self::Weight, 2>,
+        x: &Self::Act,
+        [gate, up]: [&Self::Act; 2],
+        out: &Self::Act,
+        (n, act): (u32, Activation),
+    ) -> Result<()> {
+        w.run(self, x, [gate, up])?;
+        self.glu(gate, up, out, n, act)
+    }
     /// x += y over `n` elements per token.
     fn add(&mut self, x: &Self::Act, y: &Self::Act, n: u32) -> Result<()>;
 
@@ -171,7 +185,7 @@ pub enum Proj<W, const N: usize> {
 
 impl<W, const N: usize> Proj<W, N> {
     /// ys[i] = W_i x.
-    fn run<O: Ops<Weight = W> + ?Sized>(
+    pub(crate) fn run<O: Ops<Weight = W> + ?Sized>(
         &self,
         o: &mut O,
         x: &O::Act,
@@ -295,8 +309,8 @@ pub fn layer<O: Ops>(
     residual(o, cfg, &w.wo, &s.attn, &w.post_attn_norm, s)?;
     // Feed-forward.
     o.rms_norm(&s.x, &w.ffn_norm, &s.xn, n_embd, 1, eps)?;
-    w.gate_up.run(o, &s.xn, [&s.gate, &s.up])?;
-    o.glu(&s.gate, &s.up, &s.ffn, cfg.n_ff, cfg.act)?;
+    let gate_up = [&s.gate, &s.up];
+    o.mul_mat_glu(&w.gate_up, &s.xn, gate_up, &s.ffn, (cfg.n_ff, cfg.act))?;
     residual(o, cfg, &w.down, &s.ffn, &w.post_ffn_norm, s)
 }
 

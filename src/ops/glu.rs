@@ -28,6 +28,19 @@ pub fn gpu(
     n: u32,
     act: Activation,
 ) -> Result<Dispatch> {
+    gpu_in(ctx, step, [gate, up, out], n, act, false)
+}
+
+/// [`gpu`], run only in steps of several tokens with `batches_only` (those of one store
+/// act(gate) * up from their gate/up product: `mul_mat::gpu_gate_up`).
+pub fn gpu_in(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    [gate, up, out]: [&wgpu::Buffer; 3],
+    n: u32,
+    act: Activation,
+    batches_only: bool,
+) -> Result<Dispatch> {
     let pipe = op_pipeline(ctx, "glu")?;
     let p = Params {
         n,
@@ -35,7 +48,8 @@ pub fn gpu(
         _pad: [0; 2],
     };
     dispatch(ctx, "glu", pipe, step, &p, &[gate, up, out], move |s| {
-        [groups(n, WG), s.n_tokens, 1]
+        let runs = !batches_only || s.n_tokens > 1;
+        [if runs { groups(n, WG) } else { 0 }, s.n_tokens, 1]
     })
 }
 

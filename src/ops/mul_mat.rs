@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use super::glu::Activation;
 use super::{dispatch, dispatch_bound, groups, Dispatch, StepInfo, WG};
 use crate::gpu::pipelines::Binding;
 use crate::gpu::shaders::Form;
@@ -386,6 +387,11 @@ impl Steps {
         }
     }
 
+    /// Whether steps of one token are among these.
+    fn admits_one(self) -> bool {
+        self.beyond_one() != Some(self)
+    }
+
     fn admits(self, s: &StepInfo, cols: Columns) -> bool {
         let one = cols == Columns::Last || s.n_tokens == 1;
         match self {
@@ -398,6 +404,25 @@ impl Steps {
             Steps::Tiles => !one && s.n_tokens >= KS1_TILE,
             Steps::Tail => !one && s.n_tokens % KS1_TILE != 0,
             Steps::FewSeveral => !one && s.n_tokens < KS_TILE_MIN,
+        }
+    }
+}
+
+/// One of a product's kernels ([`kernels`]) and the steps it runs in.
+struct Kernel {
+    pipe: Arc<wgpu::ComputePipeline>,
+    steps: Steps,
+    /// Whether it is `mul_mat_ks1`'s single-token build, which has the GLU store
+    /// ([`Outputs::glu`]).
+    stores_glu: bool,
+}
+
+impl Kernel {
+    fn new(pipe: Arc<wgpu::ComputePipeline>, steps: Steps) -> Kernel {
+        Kernel {
+            pipe,
+            steps,
+            stores_glu: false,
         }
     }
 }
@@ -416,7 +441,7 @@ fn kernels(
     v: Variant,
     cols: Columns,
     normed: bool,
-) -> Result<Vec<(Arc<wgpu::ComputePipeline>, Steps)>> {
+) -> Result<Vec<Kernel>> {
     if !ks1_fits(ctx, v, ty, n_cols) {
         if normed {
             return Err(Error::Unsupported(format!(
@@ -425,14 +450,20 @@ fn kernels(
             )));
         }
         if !matches!(v, Variant::Ks | Variant::KsU) {
-            return Ok(vec![(pipeline(ctx, ty, v, memory)?, Steps::Every)]);
+            return Ok(vec![Kernel::new(
+                pipeline(ctx, ty, v, memory)?,
+                Steps::Every,
+            )]);
         }
         let untiled = kernel_pipeline(ctx, ty, v, memory, Build::Untiled)?;
         if cols == Columns::Last {
-            return Ok(vec![(untiled, Steps::One)]);
+            return Ok(vec![Kernel::new(untiled, Steps::One)]);
         }
         let whole = pipeline(ctx, ty, v, memory)?;
-        return Ok(vec![(untiled, Steps::Few), (whole, Steps::Many)]);
+        return Ok(vec![
+            Kernel::new(untiled, Steps::Few),
+            Kernel::new(whole, Steps::Many),
+        ]);
     }
     let one = Ks1 {
         slots: ks1_slots(ctx, n_cols / 32),
@@ -440,8 +471,13 @@ fn kernels(
         tile: false,
     };
     let single = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(one))?;
+    let single = |steps| Kernel {
+        pipe: single.clone(),
+        steps,
+        stores_glu: true,
+    };
     if cols == Columns::Last {
-        return Ok(vec![(single, Steps::One)]);
+        return Ok(vec![single(Steps::One)]);
     }
     Ok(match v {
         // The tile build runs a batch's whole tiles, the single-token build the rest.
@@ -450,9 +486,9 @@ fn kernels(
             let tiles = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(tiled))?;
             if ks1_int(ty) {
                 // `mul_mat_ks1i` runs every token of a batch, its last tile padded.
-                vec![(single, Steps::One), (tiles, Steps::Several)]
+                vec![single(Steps::One), Kernel::new(tiles, Steps::Several)]
             } else {
-                vec![(single, Steps::OneOrTail), (tiles, Steps::Tiles)]
+                vec![single(Steps::OneOrTail), Kernel::new(tiles, Steps::Tiles)]
             }
         }
         // `KsU` folds a norm only into products of the last token (`for_product`).
@@ -463,8 +499,8 @@ fn kernels(
             )))
         }
         _ => vec![
-            (single, Steps::One),
-            (pipeline(ctx, ty, v, memory)?, Steps::Several),
+            single(Steps::One),
+            Kernel::new(pipeline(ctx, ty, v, memory)?, Steps::Several),
         ],
     })
 }
@@ -573,6 +609,9 @@ struct WinParams {
     seg: Segments,
     /// The folded norm's epsilon ([`Norm`]).
     norm_eps: f32,
+    /// 0, or 1 + the activation of a GLU store ([`Outputs::glu`]).
+    glu: u32,
+    _pad: [u32; 3],
 }
 
 impl WinParams {
@@ -604,6 +643,8 @@ impl WinParams {
             tok_n,
             seg: out.seg,
             norm_eps: 0.0,
+            glu: out.glu,
+            _pad: [0; 3],
         }
     }
 }
@@ -690,7 +731,7 @@ pub fn gpu_variant(
     store: Store,
 ) -> Result<Vec<Dispatch>> {
     let out = Outputs::plain(ctx, y, w.n_rows(), store);
-    gpu_out(ctx, v, step, w, x, &out, cols, None)
+    Ok(gpu_out(ctx, v, step, w, x, (&out, None), cols, None)?.0)
 }
 
 /// ys[i] = rows `rows[i]` of W x, for a W holding several products' rows one after
@@ -716,6 +757,17 @@ pub fn gpu_rows_variant(
     ys: &[&wgpu::Buffer],
     rows: &[u32],
 ) -> Result<Vec<Dispatch>> {
+    let out = fused_outputs(ctx, w, ys, rows)?;
+    Ok(gpu_out(ctx, v, step, w, x, (&out, None), Columns::All, None)?.0)
+}
+
+/// The outputs of a fused product, checked against its rows.
+fn fused_outputs<'a>(
+    ctx: &'a GpuContext,
+    w: &GpuTensor,
+    ys: &[&'a wgpu::Buffer],
+    rows: &[u32],
+) -> Result<Outputs<'a>> {
     if rows.iter().map(|&r| r as u64).sum::<u64>() != w.n_rows() || ys.len() != rows.len() {
         return Err(Error::invalid(format!(
             "{}: {} rows cannot be split as {rows:?} into {} outputs",
@@ -730,8 +782,41 @@ pub fn gpu_rows_variant(
             w.name, ctx.info.name
         )));
     }
-    let out = Outputs::fused(ctx, ys, rows)?;
-    gpu_out(ctx, v, step, w, x, &out, Columns::All, None)
+    Outputs::fused(ctx, ys, rows)
+}
+
+/// The gated activation that a fused gate/up product ([`gpu_gate_up`]) applies itself:
+/// act(gate) * up into `out`, [n_ff, n_tokens].
+#[derive(Clone, Copy)]
+pub struct Glu<'a> {
+    pub out: &'a wgpu::Buffer,
+    pub act: Activation,
+}
+
+/// The rows of a fused gate/up product `w` (n_ff of gate, then n_ff of up) of `x`, or
+/// with `norm`, of the norm it folds in ([`gpu_normed`]), into `gate` and `up`; except
+/// that single tokens store act(gate) * up into `glu.out` themselves where the kernel
+/// running them has the GLU store (`mul_mat_ks1`). Returns the dispatches and whether
+/// single tokens do: a `glu` dispatch follows for the steps they do not.
+pub fn gpu_gate_up(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    (x, norm): (&wgpu::Buffer, Option<Norm<'_>>),
+    [gate, up]: [&wgpu::Buffer; 2],
+    glu: Glu<'_>,
+) -> Result<(Vec<Dispatch>, bool)> {
+    let n_ff = (w.n_rows() / 2) as u32;
+    let out = fused_outputs(ctx, w, &[gate, up], &[n_ff, n_ff])?;
+    let glu_out = Outputs::glu(ctx, glu.out, n_ff, glu.act);
+    let io = (&out, Some(&glu_out));
+    match norm {
+        Some(n) => {
+            check_norm(ctx, w, n)?;
+            gpu_out(ctx, Variant::Ks, step, w, n.x, io, Columns::All, norm)
+        }
+        None => gpu_out(ctx, variant(ctx, w.ty)?, step, w, x, io, Columns::All, None),
+    }
 }
 
 /// The norm a product folds into its kernels (`mul_mat_ks1n`): instead of reading
@@ -785,6 +870,27 @@ pub fn gpu_normed(
     rows: &[u32],
     cols: Columns,
 ) -> Result<Vec<Dispatch>> {
+    check_norm(ctx, w, norm)?;
+    let out = match ys {
+        [y] => Outputs::plain(ctx, y, w.n_rows(), Store::Write),
+        _ => Outputs::fused(ctx, ys, rows)?,
+    };
+    Ok(gpu_out(
+        ctx,
+        Variant::Ks,
+        step,
+        w,
+        norm.x,
+        (&out, None),
+        cols,
+        Some(norm),
+    )?
+    .0)
+}
+
+/// Whether a product of `w` can fold in `norm` ([`folds_norm`], and its weight bound as
+/// a uniform).
+fn check_norm(ctx: &GpuContext, w: &GpuTensor, norm: Norm<'_>) -> Result<()> {
     if !folds_norm(ctx, w.ty, (w.n_rows(), w.n_cols()), w.memory) {
         return Err(Error::Unsupported(format!(
             "{}: a norm folded into its product on {}",
@@ -799,11 +905,7 @@ pub fn gpu_normed(
             nw.size()
         )));
     }
-    let out = match ys {
-        [y] => Outputs::plain(ctx, y, w.n_rows(), Store::Write),
-        _ => Outputs::fused(ctx, ys, rows)?,
-    };
-    gpu_out(ctx, Variant::Ks, step, w, norm.x, &out, cols, Some(norm))
+    Ok(())
 }
 
 /// Where a dispatch's products go: up to three buffers and the rows of each.
@@ -816,6 +918,8 @@ struct Outputs<'a> {
     y_stride: u32,
     /// Whether the products replace the outputs or are added to them (`Params::acc`).
     store: Store,
+    /// 0, or 1 + the activation of a GLU store ([`Outputs::glu`]).
+    glu: u32,
 }
 
 impl<'a> Outputs<'a> {
@@ -827,6 +931,16 @@ impl<'a> Outputs<'a> {
             seg: Segments::NONE,
             y_stride: n_rows as u32,
             store,
+            glu: 0,
+        }
+    }
+
+    /// act(gate) * up into `y` ([n_ff, n_tokens]), from a product holding n_ff rows of
+    /// gate then n_ff of up (`mul_mat_ks1`'s GLU store, single tokens only).
+    fn glu(ctx: &'a GpuContext, y: &'a wgpu::Buffer, n_ff: u32, act: Activation) -> Outputs<'a> {
+        Outputs {
+            glu: act as u32 + 1,
+            ..Outputs::plain(ctx, y, n_ff as u64, Store::Write)
         }
     }
 
@@ -840,6 +954,7 @@ impl<'a> Outputs<'a> {
             seg,
             y_stride: rows[0],
             store: Store::Write,
+            glu: 0,
         })
     }
 
@@ -856,6 +971,8 @@ impl<'a> Outputs<'a> {
     }
 }
 
+/// The dispatches of a product into `out`; with `glu`, its single tokens go there
+/// instead where the kernel that runs them has the GLU store. Returns whether they do.
 #[allow(clippy::too_many_arguments)]
 fn gpu_out(
     ctx: &GpuContext,
@@ -863,10 +980,10 @@ fn gpu_out(
     step: &wgpu::Buffer,
     w: &GpuTensor,
     x: &wgpu::Buffer,
-    out: &Outputs<'_>,
+    (out, glu): (&Outputs<'_>, Option<&Outputs<'_>>),
     cols: Columns,
     norm: Option<Norm<'_>>,
-) -> Result<Vec<Dispatch>> {
+) -> Result<(Vec<Dispatch>, bool)> {
     if w.n_cols() % 32 != 0 {
         return Err(Error::Unsupported(format!(
             "{}: rows of {} elements (the GPU matmul needs a multiple of 32)",
@@ -878,51 +995,57 @@ fn gpu_out(
     let v = for_product(ctx, v, (w.n_rows(), w.n_cols()), cols);
     let per_xu = tokens_per_xu(ctx, w.n_cols());
     if matches!(v, Variant::WinU | Variant::KsU) {
-        return gpu_uniform_x(ctx, v, step, w, (x, norm), out, cols, per_xu);
+        let plan = gpu_uniform_x(ctx, v, step, w, (x, norm), out, cols, per_xu)?;
+        return Ok((plan, false));
     }
+    // The GLU store walks the rows of one part in blocks of a subgroup's lanes.
+    let glu = glu.filter(|g| w.parts.len() == 1 && g.y_stride % ctx.subgroup_min_size.max(1) == 0);
     let mut plan = Vec::new();
+    let mut glu_stored = false;
     let shape = (w.ty, w.n_cols(), w.memory);
     let x_read = norm.map_or(x, |n| n.x);
     let direct = single_tokens_uniform(ctx, v, cols, w.n_cols()) && reads_uniform(x_read);
+    // (variant, every token or the first load's, kernels)
+    let mut runs = Vec::new();
     if direct {
         // Single tokens: `KsU`'s single-token build, reading x where it lies.
-        let toks = (0, per_xu as u32);
-        for (pipe, _) in kernels(ctx, shape, Variant::KsU, Columns::Last, norm.is_some())? {
-            let on = |s: &StepInfo| s.n_tokens == 1;
-            let io = (x, out, norm);
-            plan.extend(part_dispatches(
-                ctx,
-                (Variant::KsU, &pipe),
-                step,
-                w,
-                io,
-                cols,
-                toks,
-                on,
-            )?);
+        let ks = kernels(ctx, shape, Variant::KsU, Columns::Last, norm.is_some())?;
+        runs.push((Variant::KsU, (0, per_xu as u32), ks));
+    }
+    let mut ks = kernels(ctx, shape, v, cols, norm.is_some())?;
+    if direct {
+        ks.retain_mut(|k| match k.steps.beyond_one() {
+            Some(steps) => {
+                k.steps = steps;
+                true
+            }
+            None => false,
+        });
+    }
+    runs.push((v, (0, u32::MAX), ks));
+    for (v, toks, ks) in runs {
+        for k in ks {
+            let mut parts = |steps: Steps, out: &Outputs<'_>| {
+                let on = move |s: &StepInfo| steps.admits(s, cols);
+                let io = (x, out, norm);
+                let d = part_dispatches(ctx, (v, &k.pipe), step, w, io, cols, toks, on)?;
+                plan.extend(d);
+                Result::Ok(())
+            };
+            match glu {
+                // Single tokens store act(gate) * up; the other steps their products.
+                Some(g) if k.stores_glu && k.steps.admits_one() => {
+                    parts(Steps::One, g)?;
+                    glu_stored = true;
+                    if let Some(rest) = k.steps.beyond_one() {
+                        parts(rest, out)?;
+                    }
+                }
+                _ => parts(k.steps, out)?,
+            }
         }
     }
-    for (pipe, steps) in kernels(ctx, shape, v, cols, norm.is_some())? {
-        let steps = if direct {
-            steps.beyond_one()
-        } else {
-            Some(steps)
-        };
-        let Some(steps) = steps else { continue };
-        let on = move |s: &StepInfo| steps.admits(s, cols);
-        let every_token = (0, u32::MAX);
-        plan.extend(part_dispatches(
-            ctx,
-            (v, &pipe),
-            step,
-            w,
-            (x, out, norm),
-            cols,
-            every_token,
-            on,
-        )?);
-    }
-    Ok(plan)
+    Ok((plan, glu_stored))
 }
 
 /// One dispatch per part of W with `pipe` (variant `v`), reading activations from `x`
@@ -1149,7 +1272,7 @@ fn gpu_uniform_x(
             move |s| [if live(s) { groups(n_copy, WG) } else { 0 }, 1, 1],
         )?);
         let toks = (tok0, tok_n);
-        for (pipe, steps) in &kernels {
+        for Kernel { pipe, steps, .. } in &kernels {
             // Single tokens are all in the first load.
             if tok0 > 0 && *steps == Steps::One {
                 continue;
