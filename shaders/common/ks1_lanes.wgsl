@@ -56,3 +56,30 @@ fn norm_inv(first: u32, t: u32, l: u32, n_chunks: u32) -> f32 {
     }
     return inverseSqrt(subgroupAdd(sq) / f32(p.n_cols) + p.norm_eps);
 }
+
+// `subgroupAdd(v)` for the rows' sums. llvmpipe adds a subgroup's lanes in a scalar loop
+// that reads each lane's value back from the stack; where that loop is the value's only
+// use, LLVM moves the arithmetic that makes the value (a chunk's scales, the slots' sum)
+// into the loop, lane by lane: for Q5_0 the scale's f16 conversion and two multiplies
+// per slot, eight times per row. Each sum is also added into `kept`, which `keep_lanes`
+// stores where no step ever reaches: a second use, so the arithmetic stays in vector
+// registers.
+var<private> kept: vec4<f32>;
+
+fn lane_sum(v: f32) -> f32 {
+    kept.x += v;
+    return subgroupAdd(v);
+}
+
+fn lane_sum4(v: vec4<f32>) -> vec4<f32> {
+    kept += v;
+    return subgroupAdd(v);
+}
+
+// The end of a kernel that sums with `lane_sum`: p.glu is 0, 1 or 2 (common/act.wgsl),
+// never all ones, but the compiler cannot know.
+fn keep_lanes() {
+    if (p.glu == 0xffffffffu) {
+        store_y(0u, kept.x + kept.y + kept.z + kept.w);
+    }
+}

@@ -190,7 +190,7 @@ fn main(
                     s4, // @slot 4
                     s5, // @slot 5
                 );
-                mine = select(mine, subgroupAdd(v), l == j);
+                mine = select(mine, lane_sum4(v), l == j);
             }
             if (i0 + l < nr) {
                 let r = out0 + i0 + l;
@@ -226,7 +226,7 @@ fn main(
                     s4, // @slot 4
                     s5, // @slot 5
                 );
-                mine = select(mine, subgroupAdd(v), l == j);
+                mine = select(mine, lane_sum(v), l == j);
             }
             if (i0 + l < nr) {
                 store_row(t, out0 + i0 + l, mine, gate);
@@ -234,4 +234,5 @@ fn main(
             gate = mine;
         }
     }
+    keep_lanes();
 }

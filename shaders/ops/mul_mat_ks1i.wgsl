@@ -186,8 +186,8 @@ fn main(
                     s4, // @slot 4
                     s5, // @slot 5
                 );
-                mine = select(mine, subgroupAdd(v.a), l == j);
-                mine = select(mine, subgroupAdd(v.b), l == j + 1u);
+                mine = select(mine, lane_sum4(v.a), l == j);
+                mine = select(mine, lane_sum4(v.b), l == j + 1u);
             }
             if (i0 + l < nr) {
                 let r = out0 + i0 + l;
@@ -198,4 +198,5 @@ fn main(
             }
         }
     }
+    keep_lanes();
 }
