@@ -9,32 +9,8 @@
 // lane reads the elements of its pairs only after it, so rotating in place races with
 // no other lane's reads.
 //
-// q: [head_dim, n_heads, n_tokens] f32; k_new, v_new: [kv_dim, n_tokens] f32;
-// k_cache, v_cache: as in kv_store.wgsl; qw, kw: [head_dim] f32, the norms' weights.
-
-struct Params {
-    // As rope_store.wgsl's (Rust `kv_store::RopeStoreParams`).
-    head_dim: u32,
-    n_heads: u32, // Q's heads
-    n_rot: u32,
-    mode: u32,
-    freq_base: f32,
-    freq_scale: f32,
-    _heads2: u32, // unused here
-    _pad0: u32,
-    kv_dim: u32,
-    stride: u32, // V row length in halves (even)
-    eps: f32,    // the norms' epsilon
-    _pad1: u32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read_write> q: array<f32>;
-@group(0) @binding(3) var<storage, read> k_new: array<f32>;
-@group(0) @binding(4) var<storage, read> v_new: array<f32>;
-@group(0) @binding(5) var<storage, read_write> k_cache: array<u32>;
-@group(0) @binding(6) var<storage, read_write> v_cache: array<u32>;
+// Params and bindings 0-6: common/rope_store_io.wgsl; qw, kw: [head_dim] f32, the
+// norms' weights.
 // Uniforms, as a folded norm's weight (common/x_norm.wgsl): heads of up to 4096.
 @group(0) @binding(7) var<uniform> qw: array<vec4<f32>, 1024>;
 @group(0) @binding(8) var<uniform> kw: array<vec4<f32>, 1024>;

@@ -23,6 +23,7 @@ const ROPE_ANGLE: &str = wgsl!("common/rope_angle.wgsl");
 /// The gated activations (`glu`, and `mul_mat_ks1`'s GLU store).
 const ACT: &str = wgsl!("common/act.wgsl");
 const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
+const ROPE_STORE_IO: &str = wgsl!("common/rope_store_io.wgsl");
 const ATTN_V: &str = wgsl!("common/attn_v.wgsl");
 const ATTN_MASK: &str = wgsl!("common/attn_mask.wgsl");
 /// Where `attn_scores` reads Q and K, and `attn_out` the probabilities and V: their
@@ -56,17 +57,17 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("kv_store", &[STEP, KV_STORE_V], wgsl!("ops/kv_store.wgsl")),
     (
         "rope_store",
-        &[STEP, ROPE_ANGLE, KV_STORE_V],
+        &[STEP, ROPE_ANGLE, KV_STORE_V, ROPE_STORE_IO],
         wgsl!("ops/rope_store.wgsl"),
     ),
     (
         "rope_store_norm",
-        &[STEP, REDUCE, ROPE_ANGLE, KV_STORE_V],
+        &[STEP, REDUCE, ROPE_ANGLE, KV_STORE_V, ROPE_STORE_IO],
         wgsl!("ops/rope_store_norm.wgsl"),
     ),
     (
         "rope_store_norm_sg",
-        &[STEP, REDUCE_SG, ROPE_ANGLE, KV_STORE_V],
+        &[STEP, REDUCE_SG, ROPE_ANGLE, KV_STORE_V, ROPE_STORE_IO],
         wgsl!("ops/rope_store_norm.wgsl"),
     ),
     (
