@@ -306,11 +306,14 @@ impl Ops for Recorder<'_> {
             && is_vector_uniform(wq)
             && is_vector_uniform(wk);
         if !fused {
-            // The graph's own order: both norms, then RoPE and the attention.
-            let (hd, eps) = (rope.head_dim, norms.eps);
-            self.rms_norm(qkv[0], norms.q, qn, hd, rope.n_heads, eps)?;
-            self.rms_norm(qkv[1], norms.k, kn, hd, k_heads, eps)?;
-            return self.rope_attention(il, [qn, kn, qkv[2]], out, rope, k_heads, attn);
+            let heads = graph::HeadsAttention {
+                il,
+                out,
+                rope,
+                k_heads,
+                attn,
+            };
+            return graph::norms_then_rope_attention(self, qkv, [qn, kn], norms, &heads);
         }
         let norms = ops::kv_store::QkNorms {
             q: wq,
@@ -360,10 +363,7 @@ impl Ops for Recorder<'_> {
     ) -> Result<()> {
         let wt = match w {
             Proj::Fused(wt, rows) if *rows == [n, n] && self.ctx.fused_outputs() => wt,
-            _ => {
-                w.run(self, x, [gate, up])?;
-                return self.glu(gate, up, out, n, act);
-            }
+            _ => return graph::products_then_glu(self, w, x, [gate, up], out, (n, act)),
         };
         let glu = ops::mul_mat::Glu { out, act };
         let norm = match self.folds(wt, x, &[gate, up]) {

@@ -81,10 +81,14 @@ pub trait Ops {
         k_heads: u32,
         attn: &Attention,
     ) -> Result<()> {
-        let (hd, eps) = (rope.head_dim, norms.eps);
-        self.rms_norm(q, norms.q, qn, hd, rope.n_heads, eps)?;
-        self.rms_norm(k, norms.k, kn, hd, k_heads, eps)?;
-        self.rope_attention(il, [qn, kn, v], out, rope, k_heads, attn)
+        let heads = HeadsAttention {
+            il,
+            out,
+            rope,
+            k_heads,
+            attn,
+        };
+        norms_then_rope_attention(self, [q, k, v], [qn, kn], norms, &heads)
     }
     /// Append k, v to layer `il`'s cache and attend with q into `out`.
     fn attention(
@@ -116,8 +120,7 @@ pub trait Ops {
         out: &Self::Act,
         (n, act): (u32, Activation),
     ) -> Result<()> {
-        w.run(self, x, [gate, up])?;
-        self.glu(gate, up, out, n, act)
+        products_then_glu(self, w, x, [gate, up], out, (n, act))
     }
     /// x += y over `n` elements per token.
     fn add(&mut self, x: &Self::Act, y: &Self::Act, n: u32) -> Result<()>;
@@ -175,6 +178,43 @@ pub struct HeadNorms<'a, W> {
     pub eps: f32,
 }
 
+/// What [`Ops::norm_rope_attention`] attends with, past its tensors.
+pub struct HeadsAttention<'a, A> {
+    pub il: usize,
+    pub out: &'a A,
+    pub rope: &'a Rope,
+    pub k_heads: u32,
+    pub attn: &'a Attention,
+}
+
+/// [`Ops::norm_rope_attention`] as separate ops: both heads' norms into `[qn, kn]`,
+/// then [`Ops::rope_attention`] on them (backends without the fused form).
+pub fn norms_then_rope_attention<O: Ops + ?Sized>(
+    o: &mut O,
+    [q, k, v]: [&O::Act; 3],
+    [qn, kn]: [&O::Act; 2],
+    norms: &HeadNorms<'_, O::Weight>,
+    h: &HeadsAttention<'_, O::Act>,
+) -> Result<()> {
+    let (hd, eps) = (h.rope.head_dim, norms.eps);
+    o.rms_norm(q, norms.q, qn, hd, h.rope.n_heads, eps)?;
+    o.rms_norm(k, norms.k, kn, hd, h.k_heads, eps)?;
+    o.rope_attention(h.il, [qn, kn, v], h.out, h.rope, h.k_heads, h.attn)
+}
+
+/// [`Ops::mul_mat_glu`] as separate ops: the products, then [`Ops::glu`].
+pub fn products_then_glu<O: Ops + ?Sized>(
+    o: &mut O,
+    w: &Proj<O::Weight, 2>,
+    x: &O::Act,
+    [gate, up]: [&O::Act; 2],
+    out: &O::Act,
+    (n, act): (u32, Activation),
+) -> Result<()> {
+    w.run(o, x, [gate, up])?;
+    o.glu(gate, up, out, n, act)
+}
+
 /// Products of one input: N matrices, or one matrix holding their rows one after
 /// another, which a backend may build at load to run them as one product.
 pub enum Proj<W, const N: usize> {
@@ -185,7 +225,7 @@ pub enum Proj<W, const N: usize> {
 
 impl<W, const N: usize> Proj<W, N> {
     /// ys[i] = W_i x.
-    pub(crate) fn run<O: Ops<Weight = W> + ?Sized>(
+    fn run<O: Ops<Weight = W> + ?Sized>(
         &self,
         o: &mut O,
         x: &O::Act,
