@@ -613,8 +613,9 @@ fn attention_gqa_window_batches() {
                 .into_iter()
                 .flat_map(|c| texs.iter().map(move |t| (c, *t)))
             {
-                // Rows of whole vec4s (`attention::probs_row`).
-                let probs_len = (nh * chunks.tokens) as usize * n_kv.next_multiple_of(4);
+                // Rows of whole pairs of vec4s.
+                let probs_len =
+                    (nh * chunks.tokens) as usize * attention::probs_row(n_kv as u32) as usize;
                 let probs = buffer_with_guard(ctx, &vec![0.0; probs_len], 16);
                 let ob = buffer_with_guard(ctx, &vec![0.0; q.len()], 16);
                 let (kb, vb) = (
@@ -627,8 +628,8 @@ fn attention_gqa_window_batches() {
                     attn.gpu(ctx, &sb, &qb, &kb, &vb, &probs, &ob, chunks, tex)
                         .unwrap(),
                 );
-                // Single tokens with textures read K from one (the decode kernel's
-                // copy), where the device runs that kernel.
+                // Single tokens with textures read K and V from them (the decode
+                // kernel's copies), where the device runs that kernel.
                 let decodes = ctx.fixed_subgroup().is_some()
                     && n_kv as u32 <= attention::DECODE_MAX_KV
                     && wgllm::ops::mul_mat::binds_x_view(ctx);
@@ -636,7 +637,7 @@ fn attention_gqa_window_batches() {
                     let copied = d
                         .iter()
                         .any(|x| x.label == "attn_decode" && x.copies_in(&step));
-                    assert!(copied, "attn_decode did not read K from a texture");
+                    assert!(copied, "attn_decode did not read K and V from textures");
                 }
                 run(ctx, &d, &step);
                 if toks == 1 {
@@ -668,7 +669,7 @@ fn check_probs_row(
     window: u32,
 ) {
     let got = read_checked(ctx, probs, len, 16);
-    let stride = n_kv.next_multiple_of(4);
+    let stride = attention::probs_row(n_kv as u32) as usize;
     for h in 0..n_head as usize {
         let row = &got[h * chunks.tokens as usize * stride..][..stride];
         let qpos = n_kv - 1;

@@ -1,7 +1,8 @@
-// q and the K cache of `attn_decode` read from their storage buffers.
+// q and the caches of `attn_decode` read from their storage buffers.
 
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> k_cache: array<vec2<u32>>;
+@group(0) @binding(4) var<storage, read> v_cache: array<vec2<u32>>;
 
 // vec4 i of q.
 fn dq(i: u32) -> vec4<f32> {
@@ -11,4 +12,11 @@ fn dq(i: u32) -> vec4<f32> {
 // The four halves at vec2 index i of the K cache.
 fn dk(i: u32) -> vec4<f32> {
     return half4(k_cache[i]);
+}
+
+// Positions 8 j .. 8 j + 7 of value row `dim` (common/attn_v.wgsl's `v4`, rows
+// p.stride halves apart).
+fn dv8(dim: u32, j: u32) -> V8 {
+    let i = dim * (p.stride / 4u) + 2u * j;
+    return V8(v4(i), v4(i + 1u));
 }

@@ -1,12 +1,14 @@
-// q and the K cache of `attn_decode_tex`: q read as a uniform (the first 64 KiB of its
-// buffer, which holds the step's one token), and K from the texture the step copied
-// the cache's filled rows into (`ops::attention::AttnTextures`,
-// common/scratch_texel.wgsl). On CPU-hosted drivers a uniform or texel load is one SIMD
+// q and the caches of `attn_decode_tex`: q read as a uniform (the first 64 KiB of its
+// buffer, which holds the step's one token), K from the texture the step copied the
+// cache's filled rows into (`ops::attention::AttnTextures`, common/scratch_texel.wgsl),
+// and V from a texture of one row per value row, into which the step copied each row's
+// filled positions. On CPU-hosted drivers a uniform or texel load is one SIMD
 // gather where a storage load is a loop over the lanes: on lavapipe the fifth VM read
 // storage at 1.1-1.3 GB/s, uniforms at 17.8 and textures at 29.4 (docs/perf.md).
 
 @group(0) @binding(2) var<uniform> qu: array<vec4<f32>, 4096>;
 @group(0) @binding(3) var k_tex: texture_storage_2d<rgba32uint, read>;
+@group(0) @binding(4) var v_tex: texture_storage_2d<rgba32uint, read>;
 
 // vec4 i of q.
 fn dq(i: u32) -> vec4<f32> {
@@ -19,4 +21,13 @@ fn dk(i: u32) -> vec4<f32> {
     let lo = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
     let hi = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
     return select(lo, hi, (i & 1u) != 0u);
+}
+
+// Positions 8 j .. 8 j + 7 of value row `dim`: texel j of texture row `dim`.
+fn dv8(dim: u32, j: u32) -> V8 {
+    let w = textureLoad(v_tex, vec2<u32>(j, dim));
+    return V8(
+        vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+        vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
+    );
 }

@@ -7,7 +7,8 @@ struct Step {
 }
 
 // Row stride of the attention probabilities (attn_scores, softmax, attn_out): the
-// cached positions rounded up to whole vec4s. Entries past n_kv hold the mask.
+// cached positions rounded up to whole pairs of vec4s, so that `attn_decode` takes
+// eight at a time. Entries past n_kv hold the mask.
 fn probs_stride() -> u32 {
-    return (step.n_kv + 3u) & ~3u;
+    return (step.n_kv + 7u) & ~7u;
 }

@@ -9,9 +9,9 @@
 // probs: [probs_stride(), tn, n_head] f32 (this step's token is row 0 of each head)
 // out: [head_dim, n_head] f32
 //
-// q and the K cache are read through `dq` and `dk`: from their storage buffers
-// (common/attn_dec_buffer.wgsl), or q as a uniform and K from the texture the step
-// copied it into (common/attn_dec_texture.wgsl, the `attn_decode_tex` build).
+// q and the caches are read through `dq`, `dk` and `dv8`: from their storage buffers
+// (common/attn_dec_buffer.wgsl), or q as a uniform and K and V from the textures the
+// step copied them into (common/attn_dec_texture.wgsl, the `attn_decode_tex` build).
 
 struct Params {
     head_dim: u32,
@@ -26,7 +26,6 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(4) var<storage, read> v_cache: array<vec2<u32>>;
 @group(0) @binding(5) var<storage, read_write> probs: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 
@@ -35,6 +34,12 @@ override WG: u32 = 8u;
 
 fn half4(w: vec2<u32>) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+// Eight consecutive positions of one value row (`dv8`): 0-3 and 4-7.
+struct V8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
 }
 
 @compute @workgroup_size(WG)
@@ -85,13 +90,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         probs[row + j4] *= inv;
     }
     storageBarrier();
-    // Weighted sum: lane l takes dimensions 4 l, 4 (l + WG), ... over every key.
-    let vs = p.stride / 4u;
+    // Weighted sum: lane l takes dimensions 4 l, 4 (l + WG), ... over every key, eight
+    // positions (two vec4s of probabilities) at a time: a row's stride is a multiple of
+    // eight, and its entries past n_kv weigh 0 (the values there lie within the cache's
+    // row). The loop is a plain count of pairs: written with a guarded second vec4
+    // (`select(.., j4 + 1 < n4)`), lavapipe (Mesa 22.3) built a new shader for nearly
+    // every dispatch of this kernel on Gemma 3, its JIT regions held near a thousand,
+    // 2-2.5 ms per dispatch (docs/perf.md; tests/driver_compiles.rs counts them).
     for (var dg = l; dg < d4; dg += WG) {
-        let vb = (hkv * p.head_dim + 4u * dg) * vs;
+        let d = hkv * p.head_dim + 4u * dg;
         var acc = vec4<f32>();
-        for (var j4 = 0u; j4 < n4; j4++) {
-            acc += probs[row + j4] * v_block(vb, vs, j4);
+        for (var j4 = 0u; j4 < n4; j4 += 2u) {
+            let j8 = j4 / 2u;
+            let pa = probs[row + j4];
+            let pb = probs[row + j4 + 1u];
+            let v0 = dv8(d, j8);
+            let v1 = dv8(d + 1u, j8);
+            let v2 = dv8(d + 2u, j8);
+            let v3 = dv8(d + 3u, j8);
+            acc += pa * mat4x4<f32>(v0.lo, v1.lo, v2.lo, v3.lo);
+            acc += pb * mat4x4<f32>(v0.hi, v1.hi, v2.hi, v3.hi);
         }
         out[h * d4 + dg] = acc;
     }

@@ -116,7 +116,6 @@ const OPS: &[(&str, &[&str], &str)] = &[
         "attn_decode_tex",
         &[
             STEP,
-            ATTN_V,
             ATTN_MASK,
             SCRATCH_TEXEL,
             wgsl!("common/attn_dec_texture.wgsl"),

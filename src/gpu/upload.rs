@@ -420,6 +420,65 @@ pub fn copy_to_texture(
     }
 }
 
+/// Record a copy of `width` texels from each of the first `height` rows of `src`, rows
+/// `row_bytes` apart (a multiple of 256), into the rows of `dst` from texel 0 on: a
+/// strided buffer's filled columns (the transposed V cache's first positions).
+pub fn copy_rows_to_texture(
+    enc: &mut wgpu::CommandEncoder,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Texture,
+    (row_bytes, width, height): (u32, u32, u32),
+) {
+    enc.copy_buffer_to_texture(
+        wgpu::TexelCopyBufferInfo {
+            buffer: src,
+            layout: wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(row_bytes),
+                rows_per_image: None,
+            },
+        },
+        dst.as_image_copy(),
+        wgpu::Extent3d {
+            width,
+            height,
+            depth_or_array_layers: 1,
+        },
+    );
+}
+
+/// An rgba32uint texture of `width` x `height` texels for [`copy_rows_to_texture`], or
+/// an error where the device's textures are smaller.
+pub fn rows_texture(
+    ctx: &GpuContext,
+    label: &str,
+    width: u32,
+    height: u32,
+) -> Result<wgpu::Texture> {
+    let max = ctx.limits.max_texture_dimension_2d;
+    if width > max || height > max {
+        return Err(Error::gpu(format!(
+            "texture {label} of {width} x {height} texels, over the device's {max}"
+        )));
+    }
+    ctx.scoped(&format!("allocating {label}"), || {
+        ctx.device.create_texture(&wgpu::TextureDescriptor {
+            label: Some(label),
+            size: wgpu::Extent3d {
+                width,
+                height,
+                depth_or_array_layers: 1,
+            },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format: wgpu::TextureFormat::Rgba32Uint,
+            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST,
+            view_formats: &[],
+        })
+    })
+}
+
 /// An rgba32uint texture [`TEX_W`] texels wide and `height` rows high, to be written by
 /// copies and read by `textureLoad`: the kernels bind it as a read-only storage texture
 /// (no sampler state, no mip levels to address); the bench's probes also read it

@@ -5,7 +5,9 @@
 //! The probabilities stay in their buffer after the step, so tools can show where the
 //! model looked.
 
-use super::{dispatch, groups, op_pipeline, Dispatch, StepInfo, TextureCopy, WarmJob, WG};
+use super::{
+    dispatch, groups, op_pipeline, CopyExtent, Dispatch, StepInfo, TextureCopy, WarmJob, WG,
+};
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
 
@@ -33,6 +35,9 @@ pub struct AttnTextures {
     k: Tex,
     v: Tex,
     probs: Tex,
+    /// The V cache as single-token steps read it (`attn_decode_tex`): one texture row
+    /// per value row, of which each step copies the filled positions.
+    v_rows: Option<Tex>,
 }
 
 /// A scratch texture and its view.
@@ -54,7 +59,7 @@ impl Tex {
         TextureCopy {
             src: src.clone(),
             dst: self.0.clone(),
-            bytes: Box::new(bytes),
+            what: CopyExtent::Bytes(Box::new(bytes)),
         }
     }
 }
@@ -81,11 +86,21 @@ impl AttnTextures {
         if !crate::gpu::upload::scratch_fits(ctx, cache.max(probs).max(q_bytes)) {
             return Ok(None);
         }
+        let v_rows = match attn.decodes_from_textures(ctx) {
+            true => {
+                let (w, h) = attn.v_rows_extent();
+                let t = crate::gpu::upload::rows_texture(ctx, "attn_v_rows_tex", w, h)?;
+                let v = t.create_view(&Default::default());
+                Some(Tex(t, v))
+            }
+            false => None,
+        };
         Ok(Some(AttnTextures {
             q: Tex::new(ctx, "attn_q_tex", q_bytes)?,
             k: Tex::new(ctx, "attn_k_tex", cache)?,
             v: Tex::new(ctx, "attn_v_tex", cache)?,
             probs: Tex::new(ctx, "attn_probs_tex", probs)?,
+            v_rows,
         }))
     }
 }
@@ -267,9 +282,9 @@ impl Chunks {
 }
 
 /// Probabilities per (token, head) row for `n_kv` cached positions: rounded up to whole
-/// vec4s (`probs_stride` in common/step.wgsl).
+/// pairs of vec4s (`probs_stride` in common/step.wgsl).
 pub fn probs_row(n_kv: u32) -> u64 {
-    n_kv.next_multiple_of(4) as u64
+    n_kv.next_multiple_of(8) as u64
 }
 
 impl Attention {
@@ -281,11 +296,20 @@ impl Attention {
         ctx.attention_in_textures() && self.head_dim % 8 == 0
     }
 
-    /// Whether single tokens read q as a uniform and K from a texture
+    /// Whether single tokens read q as a uniform and K and V from textures
     /// (`attn_decode_tex`), given a q buffer that binds as one
-    /// (`mul_mat::reads_uniform`).
+    /// (`mul_mat::reads_uniform`): V's texture holds a row of texels per value row.
     fn decodes_from_textures(&self, ctx: &GpuContext) -> bool {
-        self.reads_textures(ctx) && super::mul_mat::binds_x_view(ctx)
+        let (w, h) = self.v_rows_extent();
+        let max = ctx.limits.max_texture_dimension_2d;
+        self.reads_textures(ctx) && super::mul_mat::binds_x_view(ctx) && w <= max && h <= max
+    }
+
+    /// Texels per row and rows of the V texture of single-token steps: the cache's
+    /// rows, eight halves per texel.
+    fn v_rows_extent(&self) -> (u32, u32) {
+        let stride = super::kv_store::v_stride(self.n_ctx);
+        (stride / 8, self.head_dim * self.n_head_kv)
     }
 
     /// Bytes of one token's Q (f32) and of one position of the K cache (f16).
@@ -415,6 +439,7 @@ impl Attention {
     ) -> Result<Option<Dispatch>> {
         let tex =
             tex.filter(|_| self.decodes_from_textures(ctx) && super::mul_mat::reads_uniform(q));
+        let tex = tex.and_then(|t| Some((t, t.v_rows.as_ref()?)));
         let Some(pipe) = decode_pipeline(ctx, tex.is_some())? else {
             return Ok(None);
         };
@@ -430,7 +455,7 @@ impl Attention {
         };
         let n_head = self.n_head;
         let grid = move |s: &StepInfo| [n_head * decode_fused(s) as u32, 1, 1];
-        let Some(t) = tex else {
+        let Some((t, v_rows)) = tex else {
             let bufs = [q, k_cache, v_cache, probs, out];
             return dispatch(ctx, "attn_decode", pipe, step, &p, &bufs, grid).map(Some);
         };
@@ -442,14 +467,25 @@ impl Attention {
                 size: wgpu::BufferSize::new(super::mul_mat::X_UNIFORM_BYTES),
             }),
             wgpu::BindingResource::TextureView(&t.k.1),
-            v_cache.as_entire_binding(),
+            wgpu::BindingResource::TextureView(&v_rows.1),
             probs.as_entire_binding(),
             out.as_entire_binding(),
         ];
         let k_row = self.k_row_bytes();
+        let (_, v_rows_n) = self.v_rows_extent();
+        let v_copy = TextureCopy {
+            src: v_cache.clone(),
+            dst: v_rows.0.clone(),
+            what: CopyExtent::Rows {
+                row_bytes: p.stride * 2,
+                rows: v_rows_n,
+                texels: Box::new(|s| s.n_kv.div_ceil(8)),
+            },
+        };
         let d = super::dispatch_bound(ctx, "attn_decode", pipe, step, &p, resources, grid)?;
         Ok(Some(d.with_copies(vec![
             t.k.copy_from(k_cache, move |s| s.n_kv as u64 * k_row),
+            v_copy,
         ])))
     }
 

@@ -18,11 +18,12 @@ pub struct Params {
     pub _pad: [u32; 2],
 }
 
-/// Halves per row of the transposed V cache: the context rounded up to 8, so that
-/// `attn_out` reads four positions as one aligned vec2<u32>, and `attn_out_tex` eight
-/// as one texel.
+/// Halves per row of the transposed V cache: the context rounded up to 128, so that
+/// `attn_out` reads four positions as one aligned vec2<u32>, `attn_out_tex` eight as
+/// one texel, and a row is a multiple of 256 bytes, the row pitch a copy into a texture
+/// wants (`attn_decode_tex`'s V rows).
 pub fn v_stride(n_ctx: u32) -> u32 {
-    n_ctx.next_multiple_of(8)
+    n_ctx.next_multiple_of(128)
 }
 
 /// Bytes of one layer's K (or V) cache for `n_ctx` positions of `kv_dim` values.

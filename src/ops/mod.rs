@@ -67,13 +67,28 @@ pub struct Dispatch {
     copies: Vec<TextureCopy>,
 }
 
-/// The first `bytes(step)` bytes of a buffer copied into a texture before a kernel
-/// reads them there (`gpu::upload::copy_to_texture`).
+/// A buffer copied into a texture before a kernel reads it there.
 pub struct TextureCopy {
     pub src: wgpu::Buffer,
     pub dst: wgpu::Texture,
-    pub bytes: BytesFn,
+    pub what: CopyExtent,
 }
+
+/// What [`TextureCopy`] copies.
+pub enum CopyExtent {
+    /// The first `bytes(step)` bytes, row-major into the texture's rows
+    /// (`gpu::upload::copy_to_texture`).
+    Bytes(BytesFn),
+    /// The first `texels(step)` texels of each of `rows` rows `row_bytes` apart, into
+    /// the texture's rows (`gpu::upload::copy_rows_to_texture`).
+    Rows {
+        row_bytes: u32,
+        rows: u32,
+        texels: TexelsFn,
+    },
+}
+
+type TexelsFn = Box<dyn Fn(&StepInfo) -> u32 + Send + Sync>;
 
 impl Dispatch {
     pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, step: &StepInfo) {
@@ -105,7 +120,19 @@ impl Dispatch {
     pub fn record_copies(&self, enc: &mut wgpu::CommandEncoder, step: &StepInfo) {
         if self.copies_in(step) {
             for c in &self.copies {
-                crate::gpu::upload::copy_to_texture(enc, &c.src, &c.dst, (c.bytes)(step));
+                match &c.what {
+                    CopyExtent::Bytes(bytes) => {
+                        crate::gpu::upload::copy_to_texture(enc, &c.src, &c.dst, bytes(step))
+                    }
+                    CopyExtent::Rows {
+                        row_bytes,
+                        rows,
+                        texels,
+                    } => {
+                        let extent = (*row_bytes, texels(step), *rows);
+                        crate::gpu::upload::copy_rows_to_texture(enc, &c.src, &c.dst, extent)
+                    }
+                }
             }
         }
     }
