@@ -462,20 +462,7 @@ pub fn rows_texture(
         )));
     }
     ctx.scoped(&format!("allocating {label}"), || {
-        ctx.device.create_texture(&wgpu::TextureDescriptor {
-            label: Some(label),
-            size: wgpu::Extent3d {
-                width,
-                height,
-                depth_or_array_layers: 1,
-            },
-            mip_level_count: 1,
-            sample_count: 1,
-            dimension: wgpu::TextureDimension::D2,
-            format: wgpu::TextureFormat::Rgba32Uint,
-            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST,
-            view_formats: &[],
-        })
+        texels_2d(ctx, label, (width, height), wgpu::TextureUsages::empty())
     })
 }
 
@@ -484,10 +471,26 @@ pub fn rows_texture(
 /// (no sampler state, no mip levels to address); the bench's probes also read it
 /// sampled, to compare the two (`wgllm-bench peak --all`).
 pub fn weight_texture(ctx: &GpuContext, label: &str, height: u32) -> wgpu::Texture {
+    texels_2d(
+        ctx,
+        label,
+        (TEX_W, height),
+        wgpu::TextureUsages::TEXTURE_BINDING,
+    )
+}
+
+/// A 2D rgba32uint texture of `width` x `height` texels, one level, that kernels read
+/// as a storage texture and copies write; `usage` adds to those two.
+fn texels_2d(
+    ctx: &GpuContext,
+    label: &str,
+    (width, height): (u32, u32),
+    usage: wgpu::TextureUsages,
+) -> wgpu::Texture {
     ctx.device.create_texture(&wgpu::TextureDescriptor {
         label: Some(label),
         size: wgpu::Extent3d {
-            width: TEX_W,
+            width,
             height,
             depth_or_array_layers: 1,
         },
@@ -495,9 +498,7 @@ pub fn weight_texture(ctx: &GpuContext, label: &str, height: u32) -> wgpu::Textu
         sample_count: 1,
         dimension: wgpu::TextureDimension::D2,
         format: wgpu::TextureFormat::Rgba32Uint,
-        usage: wgpu::TextureUsages::STORAGE_BINDING
-            | wgpu::TextureUsages::TEXTURE_BINDING
-            | wgpu::TextureUsages::COPY_DST,
+        usage: usage | wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_DST,
         view_formats: &[],
     })
 }
