@@ -1,27 +1,81 @@
 #!/usr/bin/env bash
-# Kernel and model benchmarks on a machine with a GPU. Builds release, then writes
-# reports under $OUT (or ./bench-out): the device's read peak, kernel variants over
-# real model shapes (JSON + comparison table) and pp/tg throughput of the real models.
-# Meant to finish in well under 8 minutes.
-set -euo pipefail
+# Kernel and model benchmarks on a machine with a GPU, in order of what matters most,
+# each step under its own time limit so that one slow step cannot eat the rest:
+#   1. the adapters, and the device's read peak over every probe;
+#   2. every quantized matvec (batch 1) over real model shapes, checked, then timed
+#      against the peak, and the fastest correct variant per type saved for the adapter;
+#   3. pp/tg of the real models in models/ when present, else of synthetic 1B- and
+#      8B-shaped Q4_K_M files written here, beside llama.cpp's llama-bench on the same
+#      file when LLAMA_BENCH names one (its libraries beside it);
+#   4. weight upload against the device's write bandwidth;
+#   5. the prompt kernels (batch 16 and 64).
+# Reports go to $OUT (default ./bench-out): report.md, and err.log for what steps said
+# on stderr. Binaries come from WGLLM_BIN (a folder holding wgllm and wgllm-bench)
+# when set, else from a release build here. Meant to finish in under 6 minutes.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./bench-out}"
 mkdir -p "$OUT"
-# A Vulkan loader unpacked from .deb files (no root needed) is used when present.
-if [ -d .gl/usr/lib/x86_64-linux-gnu ]; then
-  export LD_LIBRARY_PATH=".gl/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+R="$OUT/report.md"
+E="$OUT/err.log"
+: >"$R"
+: >"$E"
+if [ -n "${WGLLM_BIN:-}" ]; then
+  BIN="$WGLLM_BIN"
+else
+  cargo build --release --bin wgllm-bench --bin wgllm 2>&1 | tail -2
+  BIN=./target/release
 fi
-cargo build --release --bin wgllm-bench --bin wgllm 2>&1 | tail -2
-B=./target/release/wgllm-bench
-./target/release/wgllm devices > "$OUT/devices.txt" 2>&1 || true
-timeout 60 $B peak --all --mib 256 > "$OUT/peak.md" 2>&1 || true
-timeout 240 $B kernels --full --reps 10 --json > "$OUT/kernels.json" 2> "$OUT/kernels.err" || true
-timeout 120 $B kernels --full --reps 5 --batch 1 --compare > "$OUT/kernels-compare.md" 2>&1 || true
-for m in models/*.gguf; do
-  [ -f "$m" ] || continue
-  for v in sg wg ks; do
-    WGLLM_MUL_MAT=$v timeout 60 $B model -m "$m" -p 512 -n 128 -r 3 > "$OUT/model-$(basename "$m" .gguf)-$v.md" 2>&1 || true
+B="$BIN/wgllm-bench"
+COLD_MIB="${COLD_MIB:-512}"
+SYNTH_DIR="${SYNTH_DIR:-/tmp}"
+
+# step TITLE SECONDS COMMAND...: runs COMMAND under a time limit, its stdout into the
+# report under TITLE, with the seconds it took.
+step() {
+  local title=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  {
+    echo "## $title"
+    echo
+    echo "\`$*\`"
+    echo
+  } >>"$R"
+  echo "== $title" >>"$E"
+  timeout "$limit" "$@" >>"$R" 2>>"$E"
+  local rc=$?
+  echo >>"$R"
+  echo "(exit $rc, $((SECONDS - t0)) s)" >>"$R"
+  echo >>"$R"
+  echo "$title: exit $rc, $((SECONDS - t0)) s"
+}
+
+step "Adapters" 30 "$BIN/wgllm" devices
+command -v nvidia-smi >/dev/null && step "nvidia-smi" 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
+step "Read peak, every probe" 60 "$B" peak --all --mib "$COLD_MIB"
+step "Quantized matvecs, batch 1" 120 "$B" kernels --full --batch 1 --reps 10 \
+  --cold-mib "$COLD_MIB" --type q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k,f16 --save
+
+models=(models/*.gguf)
+if [ ! -f "${models[0]}" ]; then
+  models=()
+  for size in 1b 8b; do
+    f="$SYNTH_DIR/synth-$size-q4_k_m.gguf"
+    [ -f "$f" ] || timeout 120 "$B" synth --size "$size" --type q4_k_m -o "$f" >/dev/null 2>>"$E"
+    [ -f "$f" ] && models+=("$f")
   done
+fi
+for m in "${models[@]}"; do
+  name=$(basename "$m" .gguf)
+  step "wgllm: $name" 75 "$B" model -m "$m" -p 512 -n 128 -r 3
+  if [ -n "${LLAMA_BENCH:-}" ]; then
+    step "llama.cpp: $name" 75 env LD_LIBRARY_PATH="$(dirname "$LLAMA_BENCH"):${LD_LIBRARY_PATH:-}" \
+      "$LLAMA_BENCH" -m "$m" -ngl 99 -p 512 -n 128 -r 3
+  fi
 done
+
+step "Weight upload" 60 "$B" upload --mib 1024
+step "Quantized products, batch 16 and 64" 90 "$B" kernels --full --batch 16,64 --reps 5 --variant wg,sg,mr \
+  --cold-mib "$COLD_MIB" --type q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k,f16
 echo "reports in $OUT"
-ls -la "$OUT"

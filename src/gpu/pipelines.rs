@@ -112,6 +112,18 @@ fn poisoned() -> Error {
     Error::gpu("pipeline cache poisoned")
 }
 
+/// The checks naga builds into every kernel: all of wgpu's, less the counter it adds to
+/// every loop to stop infinite ones (`force_loop_bounding`). That counter hides the trip
+/// count from the driver's compiler, which then unrolls nothing and keeps the decoders'
+/// small arrays in memory rather than registers (wgpu issue 7698 reports 100x on one
+/// kernel; docs/perf.md has the H200 figures).
+fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
+    wgpu::ShaderRuntimeChecks {
+        force_loop_bounding: false,
+        ..wgpu::ShaderRuntimeChecks::checked()
+    }
+}
+
 /// Compile `source()` into a compute pipeline (see [`PipelineCache::get_laid_out`]).
 fn compile(
     device: &wgpu::Device,
@@ -122,10 +134,15 @@ fn compile(
 ) -> Result<wgpu::ComputePipeline> {
     let src = source()?;
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+    let desc = wgpu::ShaderModuleDescriptor {
         label: Some(label),
         source: wgpu::ShaderSource::Wgsl(src.into()),
-    });
+    };
+    // SAFETY: `force_loop_bounding` is off, which requires that no loop of the shader
+    // runs forever; every other check stays on. Every loop in shaders/ is counted: its
+    // counter moves monotonically toward a bound that is a constant, an override or a
+    // uniform field sized from a tensor (under 2^27 chunks, far from wrapping a u32).
+    let module = unsafe { device.create_shader_module_trusted(desc, runtime_checks()) };
     let layout = bindings.map(|b| {
         let entries: Vec<_> = (0u32..).zip(b).map(|(i, k)| k.entry(i)).collect();
         let group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {

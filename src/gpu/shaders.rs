@@ -187,6 +187,17 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "mul_mat_mr",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            MUL_MAT_XS,
+            X_CHUNK,
+            wgsl!("ops/mul_mat_mr.wgsl"),
+        ],
+    ),
+    (
         "mul_mat_ks",
         &[
             W_STORAGE,

@@ -66,10 +66,14 @@ pub enum Variant {
     /// products of the last token alone (output heads) run it in place of `Ks`
     /// ([`for_product`]).
     KsU,
+    /// `mul_mat_mr.wgsl`: four rows per workgroup, coalesced block reads, each
+    /// activation chunk loaded once for the four, reduced with `subgroupAdd` (needs
+    /// subgroups; for GPUs).
+    Mr,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 7] = [
+    pub const ALL: [Variant; 8] = [
         Variant::Row,
         Variant::Win,
         Variant::WinU,
@@ -77,6 +81,7 @@ impl Variant {
         Variant::Sg,
         Variant::Ks,
         Variant::KsU,
+        Variant::Mr,
     ];
 
     pub fn name(self) -> &'static str {
@@ -88,6 +93,7 @@ impl Variant {
             Variant::Sg => "sg",
             Variant::Ks => "ks",
             Variant::KsU => "ksu",
+            Variant::Mr => "mr",
         }
     }
 
@@ -107,13 +113,14 @@ impl Variant {
             Variant::Sg => "mul_mat_sg",
             Variant::Ks => "mul_mat_ks",
             Variant::KsU => "mul_mat_ksu",
+            Variant::Mr => "mul_mat_mr",
         }
     }
 
     /// Whether `ctx` can run this variant.
     pub fn available(self, ctx: &GpuContext) -> bool {
         match self {
-            Variant::Sg => ctx.has_subgroups,
+            Variant::Sg | Variant::Mr => ctx.has_subgroups,
             // One workgroup must be one whole subgroup, so the size must be fixed.
             Variant::Ks | Variant::KsU => ctx.fixed_subgroup().is_some(),
             _ => true,
@@ -121,8 +128,7 @@ impl Variant {
     }
 }
 
-/// Environment variable that overrides the per-device choice (`row`, `win`, `winu`,
-/// `wg`, `sg`).
+/// Environment variable that overrides the per-device choice (a [`Variant::name`]).
 pub const VARIANT_ENV: &str = "WGLLM_MUL_MAT";
 
 /// The variant `mul_mat::gpu` uses for weights of `ty` on `ctx`: `WGLLM_MUL_MAT` if
@@ -158,7 +164,10 @@ pub fn tuned_variant(ctx: &GpuContext, ty: GgmlType) -> Option<Variant> {
 /// The measured best per kind of device (docs/perf.md): CPU-hosted drivers run one
 /// SIMD lane per invocation and pay per load, so one subgroup sharing each activation
 /// load across many rows wins there (the windowed per-row walk where subgroups are
-/// missing); real GPUs want coalesced reads and a subgroup reduction.
+/// missing); real GPUs want coalesced reads, several rows per workgroup and a subgroup
+/// reduction (`Mr`: on an H200, the fastest of every variant for all eight types by
+/// `wgllm-bench kernels --save`, 2-2.7x `Wg` at 8B shapes), or a workgroup reduction
+/// without subgroups.
 pub fn default_variant(ctx: &GpuContext) -> Variant {
     if ctx.info.device_type == wgpu::DeviceType::Cpu {
         if Variant::Ks.available(ctx) {
@@ -166,8 +175,8 @@ pub fn default_variant(ctx: &GpuContext) -> Variant {
         } else {
             Variant::WinU
         }
-    } else if ctx.has_subgroups {
-        Variant::Sg
+    } else if Variant::Mr.available(ctx) {
+        Variant::Mr
     } else {
         Variant::Wg
     }
@@ -178,6 +187,20 @@ const ROW_WG: u32 = 64;
 
 /// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
 const KS_ROWS: u32 = 64;
+
+/// Rows per workgroup of `Mr` (`ROWS` in mul_mat_mr.wgsl).
+const MR_ROWS: u32 = 4;
+
+/// `Mr`'s workgroup (`WG`, `SG_WHOLE` in mul_mat_mr.wgsl): one subgroup where the
+/// device fixes its size at 32 to 64 lanes (GPUs), so `subgroupAdd` alone sums a row;
+/// else 64 invocations, their subgroups' sums added in workgroup memory (lavapipe's
+/// 8-lane subgroups take this path, so the tests run it).
+pub fn mr_shape(ctx: &GpuContext) -> (u32, bool) {
+    match ctx.fixed_subgroup() {
+        Some(s) if (32..=64).contains(&s) => (s, true),
+        _ => (64, false),
+    }
+}
 
 /// Tokens per tile of `mul_mat_ks1`'s batch build (four sums in one vec4 there).
 const KS1_TILE: u32 = 4;
@@ -324,6 +347,10 @@ fn kernel_pipeline(
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
         }
         (Variant::Wg | Variant::Sg, _) => vec![("WG", ROW_WG as f64)],
+        (Variant::Mr, _) => {
+            let (wg, whole) = mr_shape(ctx);
+            vec![("WG", wg as f64), ("SG_WHOLE", whole as u8 as f64)]
+        }
         (Variant::Ks | Variant::KsU, None) => {
             vec![
                 ("WG", ctx.subgroup_min_size as f64),
@@ -1198,13 +1225,15 @@ fn mul_mat_layout(x_uniform: bool, memory: WeightMemory) -> [Binding; 8] {
 }
 
 /// Workgroups of variant `v` for `n_rows` rows: one row per invocation (`Row`, `Win`,
-/// `WinU`), per workgroup (`Wg`, `Sg`) or `KS_ROWS` per workgroup (`Ks`, `KsU`); grids
+/// `WinU`), per workgroup (`Wg`, `Sg`), `KS_ROWS` per workgroup (`Ks`, `KsU`) or
+/// `MR_ROWS` (`Mr`); grids
 /// wider than the per-dimension limit fold into y.
 fn grid(v: Variant, n_rows: u32, max_groups: u32) -> [u32; 3] {
     let n_wg = match v {
         Variant::Row | Variant::Win | Variant::WinU => return [groups(n_rows, WG), 1, 1],
         Variant::Wg | Variant::Sg => n_rows,
         Variant::Ks | Variant::KsU => n_rows.div_ceil(KS_ROWS),
+        Variant::Mr => n_rows.div_ceil(MR_ROWS),
     };
     let gx = n_wg.min(max_groups).max(1);
     [gx, n_wg.div_ceil(gx), 1]

@@ -42,6 +42,10 @@ pub struct KernelArgs {
     /// instead of a new copy per repetition (a decode step reads each matrix once).
     #[arg(long)]
     warm: bool,
+    /// MiB that the read peak's buffer and each weight's copies add up to; set it to
+    /// several times the device's last-level cache (an H200's is 50 MB: 512 there).
+    #[arg(long, default_value_t = 64)]
+    cold_mib: u64,
     #[arg(long, default_value_t = 5)]
     reps: usize,
     #[arg(long)]
@@ -82,11 +86,6 @@ fn parse_variant(s: &str) -> Result<Variant> {
     Variant::parse(s).ok_or_else(|| Error::invalid(format!("unknown variant {s:?}")))
 }
 
-/// The read peak's buffer, larger than the last-level cache of most CPUs and GPUs (32
-/// MiB on the machine of docs/perf.md, 50 MB on an H200): the kernels' copies of each
-/// weight add up to as much, so that both read memory rather than caches.
-const PEAK_BYTES: u64 = 64 << 20;
-
 pub fn run_kernels(a: &KernelArgs) -> Result<()> {
     if let Some(op) = &a.op {
         if op != "mul_mat" {
@@ -116,11 +115,13 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
             })
             .collect::<Result<_>>()?,
         max_weight_bytes: if a.full { u64::MAX } else { 16 << 20 },
-        cold_bytes: if a.warm { 0 } else { PEAK_BYTES },
+        cold_bytes: if a.warm { 0 } else { a.cold_mib << 20 },
         warmup: 1,
         reps: a.reps,
     };
-    let peaks = Peaks::measure(&ctx, &timer, &plan.memories)?;
+    // The peak reads as many bytes as each weight's copies add up to, so that both
+    // read memory rather than caches (capped at the device's binding limit).
+    let peaks = Peaks::measure(&ctx, &timer, &plan.memories, a.cold_mib << 20)?;
     let pk = &peaks.buffer;
     let quiet = a.json || a.csv || a.compare;
     if !quiet {
@@ -198,16 +199,11 @@ impl Peaks {
         ctx: &wgllm::gpu::GpuContext,
         timer: &Timer,
         memories: &[WeightMemory],
+        bytes: u64,
     ) -> Result<Self> {
-        let buffer = peak::peak(ctx, timer, PEAK_BYTES, &peak::peak_patterns(), 3)?;
+        let buffer = peak::peak(ctx, timer, bytes, &peak::peak_patterns(), 3)?;
         let texture = match memories.contains(&WeightMemory::Texture) {
-            true => Some(peak::peak(
-                ctx,
-                timer,
-                PEAK_BYTES,
-                &peak::texture_patterns(),
-                3,
-            )?),
+            true => Some(peak::peak(ctx, timer, bytes, &peak::texture_patterns(), 3)?),
             false => None,
         };
         Ok(Peaks { buffer, texture })

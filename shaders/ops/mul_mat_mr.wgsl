@@ -1,0 +1,132 @@
+// mul_mat for GPUs, ROWS rows per workgroup: invocation l walks chunks l, l + WG, ...
+// of the workgroup's four rows, so that neighbouring invocations read neighbouring
+// blocks (coalesced) and each chunk of activations, loaded once, serves the four rows.
+// A lane's partial sums are one vec4 per token of the tile, its components the rows:
+// no private array indexed by a loop variable, which a GPU compiler may put in memory.
+// `subgroupAdd` sums the lanes; where a workgroup is more than one subgroup, a tree in
+// workgroup memory sums the subgroups.
+//
+// Against `mul_mat_wg` / `mul_mat_sg` (one row per workgroup, its sums reduced once
+// per row and the activations loaded once per row), a workgroup here does four rows'
+// work for one reduction and one activation load.
+//
+// Params: common/mul_mat_params.wgsl; activations through `xv` (ops/mul_mat_xs.wgsl),
+// a chunk at a time (common/x_chunk.wgsl).
+//
+// W: [n_cols, n_rows] (this binding holds rows row0 .. row0 + n_rows of the tensor)
+// y: [y_stride, n_tokens] f32; row r of this part lands at y[t * y_stride + row0 + r]
+//    (or in y1 / y2 for fused products: `store_out`)
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+
+// Invocations per workgroup (`ops::mul_mat::mr_shape`): the subgroup size where it is
+// fixed, with SG_WHOLE; else 64, reduced through workgroup memory.
+override WG: u32 = 64u;
+// Whether a workgroup is exactly one subgroup, so `subgroupAdd` alone sums it.
+override SG_WHOLE: bool = false;
+// Rows per workgroup: the four components of a lane's sums.
+const ROWS: u32 = 4u;
+// Tokens per pass over the rows (a row is read once per TILE tokens).
+const TILE: u32 = 4u;
+// Workgroup arrays have constant sizes; WG may not exceed this.
+const MAX_WG: u32 = 64u;
+
+var<workgroup> red: array<vec4<f32>, MAX_WG>;
+
+// The byte offsets of the workgroup's four rows; rows past the part's end repeat its
+// last row (their sums are not stored).
+fn row_bytes4(r0: u32) -> vec4<u32> {
+    let last = p.n_rows - 1u;
+    let r = min(vec4<u32>(r0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
+    return r * p.row_bytes;
+}
+
+// Chunk c of the four rows dotted with the activations `xc`.
+fn dot4(rb: vec4<u32>, c: u32, xc: array<vec4<f32>, 8>) -> vec4<f32> {
+    let xs = x_sum(xc);
+    return vec4<f32>(
+        wdot32(rb.x, c, xc, xs),
+        wdot32(rb.y, c, xc, xs),
+        wdot32(rb.z, c, xc, xs),
+        wdot32(rb.w, c, xc, xs),
+    );
+}
+
+// The workgroup's total of every lane's `a` (every lane gets it). Called in uniform
+// control flow.
+fn total(a: vec4<f32>, l: u32, sl: u32) -> vec4<f32> {
+    let s = subgroupAdd(a);
+    if (SG_WHOLE) {
+        return s;
+    }
+    // One slot per invocation, kept by the first lane of each subgroup: the spec does
+    // not promise that subgroups follow local_invocation_index.
+    red[l] = select(vec4<f32>(), s, sl == 0u);
+    workgroupBarrier();
+    for (var k = WG / 2u; k > 0u; k >>= 1u) {
+        if (l < k) {
+            red[l] += red[l + k];
+        }
+        workgroupBarrier();
+    }
+    let tot = red[0];
+    // Every lane has read the total before the slots are written again.
+    workgroupBarrier();
+    return tot;
+}
+
+// Lanes 0 .. 3 store the rows of token t that exist.
+fn store4(t: u32, r0: u32, tot: vec4<f32>, l: u32) {
+    if (l < ROWS && r0 + l < p.n_rows) {
+        store_out(t, p.row0 + r0 + l, tot[l]);
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) l: u32,
+    @builtin(subgroup_invocation_id) sl: u32,
+) {
+    // Uniform per workgroup, so returning here keeps the barriers below uniform.
+    let r0 = (wid.y * nwg.x + wid.x) * ROWS;
+    if (r0 >= p.n_rows) {
+        return;
+    }
+    let rb = row_bytes4(r0);
+    let n_chunks = p.n_cols / 32u;
+    let first = select(0u, step.n_tokens - 1u, p.last_only != 0u);
+    let n_out = step.n_tokens - first;
+    for (var t0 = 0u; t0 < n_out; t0 += TILE) {
+        let nt = min(TILE, n_out - t0);
+        var a0 = vec4<f32>();
+        var a1 = vec4<f32>();
+        var a2 = vec4<f32>();
+        var a3 = vec4<f32>();
+        for (var c = l; c < n_chunks; c += WG) {
+            a0 += dot4(rb, c, x_chunk(first, t0, c));
+            if (nt > 1u) {
+                a1 += dot4(rb, c, x_chunk(first, t0 + 1u, c));
+            }
+            if (nt > 2u) {
+                a2 += dot4(rb, c, x_chunk(first, t0 + 2u, c));
+            }
+            if (nt > 3u) {
+                a3 += dot4(rb, c, x_chunk(first, t0 + 3u, c));
+            }
+        }
+        store4(t0, r0, total(a0, l, sl), l);
+        if (nt > 1u) {
+            store4(t0 + 1u, r0, total(a1, l, sl), l);
+        }
+        if (nt > 2u) {
+            store4(t0 + 2u, r0, total(a2, l, sl), l);
+        }
+        if (nt > 3u) {
+            store4(t0 + 3u, r0, total(a3, l, sl), l);
+        }
+    }
+}
