@@ -7,11 +7,12 @@
 #   3. pp/tg of the real models in models/ when present, else of synthetic 1B- and
 #      8B-shaped Q4_K_M files written here, beside llama.cpp's llama-bench on the same
 #      file when LLAMA_BENCH names one (its libraries beside it);
-#   4. weight upload against the device's write bandwidth;
-#   5. the prompt kernels (batch 16 and 64).
+#   4. the batch-1 products again, eight to a timed pass (`--per-pass`);
+#   5. weight upload against the device's write bandwidth;
+#   6. the prompt kernels (batch 16 and 64).
 # Reports go to $OUT (default ./bench-out): report.md, and err.log for what steps said
 # on stderr. Binaries come from WGLLM_BIN (a folder holding wgllm and wgllm-bench)
-# when set, else from a release build here. Meant to finish in under 6 minutes.
+# when set, else from a release build here. Meant to finish in under 7 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./bench-out}"
@@ -75,6 +76,10 @@ for m in "${models[@]}"; do
   fi
 done
 
+# The same products eight to a timed pass: the per-pass cost (25-28 us on an H200,
+# docs/perf.md) left out, as a decode step's stream of dispatches sees them.
+step "Quantized matvecs, batch 1, eight per pass" 90 "$B" kernels --full --batch 1 --reps 5 \
+  --per-pass 8 --variant row,wg,mr,ks --cold-mib "$COLD_MIB" --type q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k,f16
 step "Weight upload" 60 "$B" upload --mib 1024
 step "Quantized products, batch 16 and 64" 90 "$B" kernels --full --batch 16,64 --reps 5 --variant wg,sg,mr \
   --cold-mib "$COLD_MIB" --type q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k,f16

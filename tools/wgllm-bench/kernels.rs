@@ -111,6 +111,9 @@ pub struct Plan {
     pub cold_bytes: u64,
     pub warmup: usize,
     pub reps: usize,
+    /// Products per timed pass (`--per-pass`): each repetition's time is its pass's
+    /// over this.
+    pub per_pass: usize,
 }
 
 impl Plan {
@@ -411,10 +414,15 @@ fn time_interleaved(
 ) -> Result<Vec<Case>> {
     let timed: Vec<&Prepared> = group.iter().filter(|p| p.case.correct).collect();
     let mut secs = vec![Vec::with_capacity(plan.reps); timed.len()];
+    let per_pass = plan.per_pass.max(1);
     for (i, kept) in schedule(timed.len(), plan.warmup, plan.reps) {
-        let t = timer.once(ctx, &|pass| timed[i].record(pass))?;
+        let t = timer.once(ctx, &|pass| {
+            for _ in 0..per_pass {
+                timed[i].record(pass);
+            }
+        })?;
         if kept {
-            secs[i].push(t);
+            secs[i].push(t / per_pass as f64);
         }
     }
     let gpu_clock = timer.gpu_clock();

@@ -46,6 +46,12 @@ pub struct KernelArgs {
     /// several times the device's last-level cache (an H200's is 50 MB: 512 there).
     #[arg(long, default_value_t = 64)]
     cold_mib: u64,
+    /// Products per timed pass, each on the next cold copy; a case's time is the pass's
+    /// over this. Above 1 a case runs as a stream of dispatches, as in a decode step,
+    /// rather than paying one pass's fixed cost (its timestamps and the wait before it)
+    /// per product.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    per_pass: u32,
     #[arg(long, default_value_t = 5)]
     reps: usize,
     #[arg(long)]
@@ -118,6 +124,7 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
         cold_bytes: if a.warm { 0 } else { a.cold_mib << 20 },
         warmup: 1,
         reps: a.reps,
+        per_pass: a.per_pass as usize,
     };
     // The peak reads as many bytes as each weight's copies add up to, so that both
     // read memory rather than caches (capped at the device's binding limit).
@@ -127,14 +134,15 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
     if !quiet {
         println!("device: {}", ctx.describe());
         println!(
-            "peak read: {:.2} GB/s ({}), clock: {}",
+            "peak read: {:.2} GB/s ({}), clock: {}, {} product(s) per timed pass",
             pk.gbps(),
             pk.pattern.name(),
             if pk.samples.gpu_clock {
                 "GPU timestamps"
             } else {
                 "host"
-            }
+            },
+            a.per_pass
         );
         if let Some(t) = &peaks.texture {
             println!(
@@ -152,7 +160,7 @@ pub fn run_kernels(a: &KernelArgs) -> Result<()> {
         }
     })?;
     if a.json {
-        println!("{}", json(&ctx, &peaks, &cases));
+        println!("{}", json(&ctx, &peaks, a.per_pass, &cases));
     } else if a.csv {
         print!("{}", csv(&cases, &peaks));
     } else if a.compare {
@@ -251,7 +259,7 @@ fn row(c: &Case, peaks: &Peaks) -> String {
     }
 }
 
-fn json(ctx: &wgllm::gpu::GpuContext, peaks: &Peaks, cases: &[Case]) -> String {
+fn json(ctx: &wgllm::gpu::GpuContext, peaks: &Peaks, per_pass: u32, cases: &[Case]) -> String {
     let pk = &peaks.buffer;
     let rows: Vec<serde_json::Value> = cases
         .iter()
@@ -286,6 +294,7 @@ fn json(ctx: &wgllm::gpu::GpuContext, peaks: &Peaks, cases: &[Case]) -> String {
         "driver": format!("{} {}", ctx.info.driver, ctx.info.driver_info),
         "clock": if pk.samples.gpu_clock { "gpu_timestamp" } else { "host" },
         "peak": { "pattern": pk.pattern.name(), "gb_s": pk.gbps() },
+        "per_pass": per_pass,
         "texture_peak": peaks.texture.as_ref().map(|t| {
             serde_json::json!({ "pattern": t.pattern.name(), "gb_s": t.gbps() })
         }),
