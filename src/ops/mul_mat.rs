@@ -166,8 +166,8 @@ pub fn tuned_variant(ctx: &GpuContext, ty: GgmlType) -> Option<Variant> {
 /// load across many rows wins there (the windowed per-row walk where subgroups are
 /// missing); real GPUs want coalesced reads, several rows per workgroup and a subgroup
 /// reduction (`Mr`: on an H200, the fastest of every variant for all eight types by
-/// `wgllm-bench kernels --save`, 1.7-2.6x `Wg` at 8B layer shapes), or a workgroup reduction
-/// without subgroups.
+/// `wgllm-bench kernels --save`, 1.7-2.6x `Wg` at 8B layer shapes), or a workgroup
+/// reduction without subgroups.
 pub fn default_variant(ctx: &GpuContext) -> Variant {
     if ctx.info.device_type == wgpu::DeviceType::Cpu {
         if Variant::Ks.available(ctx) {
