@@ -705,6 +705,41 @@ fn variants_with_few_storage_buffers() {
 }
 
 #[test]
+fn mr_reduces_in_workgroup_memory_too() {
+    // `mr` sums a row with `subgroupAdd` alone where a workgroup is one fixed-size
+    // subgroup (lavapipe's 8 lanes, the other tests), else through workgroup memory:
+    // that path here, on the same adapter.
+    for ctx in contexts().iter().filter(|c| Variant::Mr.available(c)) {
+        if ctx.fixed_subgroup().is_some() {
+            assert!(mul_mat::mr_shape(ctx).1, "{}", label(ctx));
+        }
+        let tree = GpuContext::from_adapter(
+            ctx.adapter.clone(),
+            &DeviceOptions {
+                workgroup_reductions: true,
+                ..Default::default()
+            },
+        )
+        .expect("context");
+        assert_eq!(mul_mat::mr_shape(&tree), (64, false));
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q8_0,
+            GgmlType::Q4_K,
+            GgmlType::Q6_K,
+        ] {
+            // Rows that leave a partial workgroup of four, one token, a short tile and
+            // a whole one with a remainder, and the last token alone.
+            for (rows, cols, toks) in [(1, 256, 1), (67, 512, 5), (33, 2048, 2), (70, 768, 9)] {
+                check(&tree, Variant::Mr, ty, rows, cols, toks, Columns::All);
+            }
+            check(&tree, Variant::Mr, ty, 70, 512, 6, Columns::Last);
+        }
+        check_fused(&tree, Variant::Mr, GgmlType::Q4_K, &[65, 65], 512, 9);
+    }
+}
+
+#[test]
 fn window_fits_the_private_array() {
     for ty in GPU_TYPES {
         let w = Window::of(ty).expect("window");

@@ -26,6 +26,9 @@ pub struct DeviceOptions {
     /// Hold every weight matrix here; `None`: as `WGLLM_WEIGHTS` says if set, else per
     /// type as the tuning file says ([`GpuContext::matrix_memory`]).
     pub weights: Option<WeightMemory>,
+    /// Add up reductions through workgroup memory even where one subgroup could alone
+    /// (`ops::mul_mat::mr_shape`; tests run both paths on one adapter).
+    pub workgroup_reductions: bool,
 }
 
 /// Environment variable holding every weight matrix in `buffer`s or `texture`s,
@@ -115,6 +118,8 @@ pub struct GpuContext {
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
     pub has_timestamps: bool,
+    /// [`DeviceOptions::workgroup_reductions`].
+    pub workgroup_reductions: bool,
     /// Kernel variants measured fastest on this adapter (`wgllm-bench kernels --save`).
     pub tuned: super::tuning::Choices,
     pub pipelines: super::pipelines::PipelineCache,
@@ -336,6 +341,7 @@ impl GpuContext {
             has_f16,
             has_subgroups,
             has_timestamps,
+            workgroup_reductions: opts.workgroup_reductions,
             tuned,
             pipelines: Default::default(),
             binding_cap: opts.max_binding,

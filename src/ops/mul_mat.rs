@@ -192,12 +192,12 @@ const KS_ROWS: u32 = 64;
 const MR_ROWS: u32 = 4;
 
 /// `Mr`'s workgroup (`WG`, `SG_WHOLE` in mul_mat_mr.wgsl): one subgroup where the
-/// device fixes its size at 32 to 64 lanes (GPUs), so `subgroupAdd` alone sums a row;
-/// else 64 invocations, their subgroups' sums added in workgroup memory (lavapipe's
-/// 8-lane subgroups take this path, so the tests run it).
+/// device fixes its size (at most 64 lanes), so `subgroupAdd` alone sums a row; else,
+/// or with [`GpuContext::workgroup_reductions`], 64 invocations, their subgroups' sums
+/// added in workgroup memory.
 pub fn mr_shape(ctx: &GpuContext) -> (u32, bool) {
     match ctx.fixed_subgroup() {
-        Some(s) if (32..=64).contains(&s) => (s, true),
+        Some(s) if s <= 64 && !ctx.workgroup_reductions => (s, true),
         _ => (64, false),
     }
 }
