@@ -1,16 +1,14 @@
 //! `wgllm-bench kernels --per-pass N`: several products to a timed pass, each reported
 //! at the pass's time over N, and a count outside 1..=64 refused with a message.
 
+mod common;
+
 use std::process::{Command, Output};
 
 fn bench(args: &[&str]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgllm-bench"));
     cmd.args(args);
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        let dir = std::env::temp_dir().join(format!("wgllm-xdg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        cmd.env("XDG_RUNTIME_DIR", dir);
-    }
+    common::with_runtime_dir(&mut cmd);
     cmd.output().unwrap()
 }
 

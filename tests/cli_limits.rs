@@ -5,6 +5,8 @@
 //! Every case runs on the CPU backend (`--gpu-layers 0`) and generates a few tokens at
 //! most.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
@@ -17,8 +19,7 @@ fn model() -> String {
         .into_owned()
 }
 
-/// `wgllm run -m SmolLM2 --quiet --temp 0 <args>`. The Vulkan loader's Wayland probe
-/// prints its own "error:" lines when XDG_RUNTIME_DIR is unset; give it a folder.
+/// `wgllm run -m SmolLM2 --quiet --temp 0 <args>`, with a runtime folder.
 fn command(args: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgllm"));
     let m = model();
@@ -34,11 +35,7 @@ fn command(args: &[&str]) -> Command {
         "0",
     ])
     .args(args);
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        let xdg = std::env::temp_dir().join(format!("wgllm-xdg-{}", std::process::id()));
-        std::fs::create_dir_all(&xdg).unwrap();
-        cmd.env("XDG_RUNTIME_DIR", xdg);
-    }
+    common::with_runtime_dir(&mut cmd);
     cmd
 }
 

@@ -4,6 +4,8 @@
 //!
 //! Uses the real SmolLM2 model in `models/` and the first adapter (lavapipe here).
 
+mod common;
+
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -19,17 +21,12 @@ fn model_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
-/// `wgllm` with `args` and extra environment. The Vulkan loader's Wayland probe prints
-/// its own "error:" lines when XDG_RUNTIME_DIR is unset; give it a folder so the only
-/// error lines are the program's.
+/// `wgllm` with `args` and extra environment, with a runtime folder
+/// (`common::with_runtime_dir`), so that the only error lines are the program's.
 fn wgllm(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let xdg = std::env::temp_dir().join(format!("wgllm-xdg-{}", std::process::id()));
-    std::fs::create_dir_all(&xdg).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgllm"));
     cmd.args(args);
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        cmd.env("XDG_RUNTIME_DIR", &xdg);
-    }
+    common::with_runtime_dir(&mut cmd);
     cmd.envs(env.iter().copied());
     cmd.output().unwrap()
 }

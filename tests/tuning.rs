@@ -3,6 +3,8 @@
 //! adapter then uses them, `WGLLM_MUL_MAT` and `WGLLM_WEIGHTS` still override them, and
 //! names it does not know (or a file it cannot read) fall back to the default. One test: it sets process-wide environment variables.
 
+mod common;
+
 use std::process::Command;
 
 use wgllm::gguf::TensorInfo;
@@ -12,14 +14,6 @@ use wgllm::gpu::upload::WeightMemory;
 use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
 use wgllm::ops::mul_mat::{default_variant, variant, Variant, VARIANT_ENV};
 use wgllm::quant::GgmlType;
-
-fn xdg(cmd: &mut Command) {
-    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
-        let dir = std::env::temp_dir().join(format!("wgllm-xdg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        cmd.env("XDG_RUNTIME_DIR", dir);
-    }
-}
 
 /// A tensor of `rows` zero rows of 32 elements, uploaded where `ctx` holds its type.
 fn upload(ctx: &GpuContext, ty: GgmlType, rows: u64) -> GpuTensor {
@@ -58,7 +52,7 @@ fn saved_choices_are_used_on_their_adapter() {
             "--save",
         ])
         .env(TUNING_ENV, &file);
-    xdg(&mut cmd);
+    common::with_runtime_dir(&mut cmd);
     let out = cmd.output().unwrap();
     assert!(
         out.status.success(),

@@ -29,6 +29,7 @@ else
 fi
 B="$BIN/wgllm-bench"
 COLD_MIB="${COLD_MIB:-512}"
+TYPES=q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k,f16
 SYNTH_DIR="${SYNTH_DIR:-/tmp}"
 
 # step TITLE SECONDS COMMAND...: runs COMMAND under a time limit, its stdout into the
@@ -56,7 +57,7 @@ step "Adapters" 30 "$BIN/wgllm" devices
 command -v nvidia-smi >/dev/null && step "nvidia-smi" 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
 step "Read peak, every probe" 60 "$B" peak --all --mib "$COLD_MIB"
 step "Quantized matvecs, batch 1" 120 "$B" kernels --full --batch 1 --reps 10 \
-  --cold-mib "$COLD_MIB" --type q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k,f16 --save
+  --cold-mib "$COLD_MIB" --type "$TYPES" --save
 
 models=(models/*.gguf)
 if [ ! -f "${models[0]}" ]; then
@@ -79,8 +80,8 @@ done
 # The same products eight to a timed pass: the per-pass cost (25-28 us on an H200,
 # docs/perf.md) left out, as a decode step's stream of dispatches sees them.
 step "Quantized matvecs, batch 1, eight per pass" 90 "$B" kernels --full --batch 1 --reps 5 \
-  --per-pass 8 --variant row,wg,mr,ks --cold-mib "$COLD_MIB" --type q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k,f16
+  --per-pass 8 --variant row,wg,mr,ks --cold-mib "$COLD_MIB" --type "$TYPES"
 step "Weight upload" 60 "$B" upload --mib 1024
 step "Quantized products, batch 16 and 64" 90 "$B" kernels --full --batch 16,64 --reps 5 --variant wg,sg,mr \
-  --cold-mib "$COLD_MIB" --type q4_0,q4_1,q5_0,q8_0,q4_k,q5_k,q6_k,f16
+  --cold-mib "$COLD_MIB" --type "$TYPES"
 echo "reports in $OUT"

@@ -10,8 +10,9 @@
 // per row and the activations loaded once per row), a workgroup here does four rows'
 // work for one reduction and one activation load.
 //
-// Params: common/mul_mat_params.wgsl; activations through `xv` (ops/mul_mat_xs.wgsl),
-// a chunk at a time (common/x_chunk.wgsl).
+// Params: common/mul_mat_params.wgsl; the workgroup's rows and output tokens, and the
+// activations a chunk at a time through `xv` (ops/mul_mat_xs.wgsl), as `mul_mat_ks`
+// takes them (common/x_chunk.wgsl).
 //
 // W: [n_cols, n_rows] (this binding holds rows row0 .. row0 + n_rows of the tensor)
 // y: [y_stride, n_tokens] f32; row r of this part lands at y[t * y_stride + row0 + r]
@@ -77,10 +78,10 @@ fn total(a: vec4<f32>, l: u32, sl: u32) -> vec4<f32> {
     return tot;
 }
 
-// Lanes 0 .. 3 store the rows of token t that exist.
-fn store4(t: u32, r0: u32, tot: vec4<f32>, l: u32) {
-    if (l < ROWS && r0 + l < p.n_rows) {
-        store_out(t, p.row0 + r0 + l, tot[l]);
+// Lanes 0 .. nr - 1 store the workgroup's rows of token t.
+fn store4(t: u32, rows: KsRows, tot: vec4<f32>, l: u32) {
+    if (l < rows.nr) {
+        store_out(t, p.row0 + rows.r0 + l, tot[l]);
     }
 }
 
@@ -92,41 +93,39 @@ fn main(
     @builtin(subgroup_invocation_id) sl: u32,
 ) {
     // Uniform per workgroup, so returning here keeps the barriers below uniform.
-    let r0 = (wid.y * nwg.x + wid.x) * ROWS;
-    if (r0 >= p.n_rows) {
+    let rows = ks_rows(wid, nwg);
+    if (rows.nr == 0u) {
         return;
     }
-    let rb = row_bytes4(r0);
+    let rb = row_bytes4(rows.r0);
     let n_chunks = p.n_cols / 32u;
-    let first = select(0u, step.n_tokens - 1u, p.last_only != 0u);
-    let n_out = step.n_tokens - first;
-    for (var t0 = 0u; t0 < n_out; t0 += TILE) {
-        let nt = min(TILE, n_out - t0);
+    for (var t0 = p.tok0; t0 < rows.n_out; t0 += TILE) {
+        let nt = min(TILE, rows.n_out - t0);
         var a0 = vec4<f32>();
         var a1 = vec4<f32>();
         var a2 = vec4<f32>();
         var a3 = vec4<f32>();
         for (var c = l; c < n_chunks; c += WG) {
-            a0 += dot4(rb, c, x_chunk(first, t0, c));
+            a0 += dot4(rb, c, x_chunk(rows.first, t0, c));
             if (nt > 1u) {
-                a1 += dot4(rb, c, x_chunk(first, t0 + 1u, c));
+                a1 += dot4(rb, c, x_chunk(rows.first, t0 + 1u, c));
             }
             if (nt > 2u) {
-                a2 += dot4(rb, c, x_chunk(first, t0 + 2u, c));
+                a2 += dot4(rb, c, x_chunk(rows.first, t0 + 2u, c));
             }
             if (nt > 3u) {
-                a3 += dot4(rb, c, x_chunk(first, t0 + 3u, c));
+                a3 += dot4(rb, c, x_chunk(rows.first, t0 + 3u, c));
             }
         }
-        store4(t0, r0, total(a0, l, sl), l);
+        store4(t0, rows, total(a0, l, sl), l);
         if (nt > 1u) {
-            store4(t0 + 1u, r0, total(a1, l, sl), l);
+            store4(t0 + 1u, rows, total(a1, l, sl), l);
         }
         if (nt > 2u) {
-            store4(t0 + 2u, r0, total(a2, l, sl), l);
+            store4(t0 + 2u, rows, total(a2, l, sl), l);
         }
         if (nt > 3u) {
-            store4(t0 + 3u, r0, total(a3, l, sl), l);
+            store4(t0 + 3u, rows, total(a3, l, sl), l);
         }
     }
 }

@@ -173,3 +173,13 @@ pub fn mul_mat_want(
     }
     want
 }
+
+/// Gives a child process a runtime folder where the environment has none: the Vulkan
+/// loader's Wayland probe prints its own "error:" lines when XDG_RUNTIME_DIR is unset.
+pub fn with_runtime_dir(cmd: &mut std::process::Command) {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        let dir = std::env::temp_dir().join(format!("wgllm-xdg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        cmd.env("XDG_RUNTIME_DIR", dir);
+    }
+}
