@@ -193,8 +193,18 @@ fn get_rows_k_quants() {
 
 #[test]
 fn rms_norm_rows() {
-    for ctx in contexts() {
-        for (n, rows, toks) in [(576, 1, 3), (67, 3, 2), (256, 4, 1), (1000, 1, 1)] {
+    // The tree contexts run 64 to 256 lanes a row, four elements a lane per trip: rows
+    // shorter than a trip, whole trips, and trips cut short.
+    for ctx in contexts().iter().chain(tree_contexts()) {
+        let shapes = [
+            (576, 1, 3),
+            (67, 3, 2),
+            (256, 4, 1),
+            (1000, 1, 1),
+            (4096, 1, 2),
+            (5000, 2, 1),
+        ];
+        for (n, rows, toks) in shapes {
             let mut rng = Rng::new(n as u64);
             let x = rng.vec(n * rows * toks, 3.0);
             let w = rng.vec(n, 1.0);
@@ -284,7 +294,8 @@ fn rope_both_modes() {
 
 #[test]
 fn rope_store_matches_rope_then_kv_store() {
-    for ctx in contexts() {
+    // The tree contexts run the normed form's reduction as GPUs do.
+    for ctx in contexts().iter().chain(tree_contexts()) {
         for mode in [RopeMode::Normal, RopeMode::Neox] {
             // (head_dim, Q heads, K heads, n_rot, tokens, position): GQA, a partial
             // rotation, odd positions (V pairs straddling steps), single tokens.
@@ -517,7 +528,8 @@ fn argmax_matches_the_host() {
 /// Store k/v for positions pos.. into caches that already hold 0..pos, then attend.
 #[test]
 fn attention_gqa_window_batches() {
-    for ctx in contexts() {
+    // The tree contexts run the softmax's reductions as GPUs do.
+    for ctx in contexts().iter().chain(tree_contexts()) {
         for (hd, nh, nkv, window, pos, toks) in [
             (64u32, 9u32, 3u32, 0u32, 0u32, 5u32),
             (64, 9, 3, 0, 37, 1),

@@ -1,5 +1,8 @@
-// Workgroup-wide reductions through a `partial: array<f32, WG>` workgroup array that the
-// including kernel declares. Every invocation of the workgroup must call these.
+// Workgroup-wide reductions through a `partial: array<f32, REDUCE_MAX_WG>` workgroup
+// array that the including kernel declares (WG lanes of it used). Every invocation of the workgroup must call these.
+
+// The largest workgroup these serve (`ops::reduce_lanes`): the size of `partial`.
+const REDUCE_MAX_WG: u32 = 256u;
 
 fn workgroup_sum(li: u32, v: f32) -> f32 {
     partial[li] = v;

@@ -4,6 +4,9 @@
 // made a 64-lane tree reduction most of a norm's or a softmax's time there.
 // Same signatures as common/reduce.wgsl; the `partial` array goes unused.
 
+// The size of the kernels' `partial`, which these leave unused.
+const REDUCE_MAX_WG: u32 = 256u;
+
 fn workgroup_sum(li: u32, v: f32) -> f32 {
     return subgroupAdd(v);
 }

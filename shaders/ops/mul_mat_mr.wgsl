@@ -29,8 +29,9 @@ override WG: u32 = 64u;
 override SG_WHOLE: bool = false;
 // Rows per workgroup: the four components of a lane's sums.
 const ROWS: u32 = 4u;
-// Tokens per pass over the rows (a row is read once per TILE tokens).
-const TILE: u32 = 4u;
+// Tokens per pass over the rows (a row is read once per TILE tokens): 4, or 1 in the
+// single-token build, which then holds one token's sums and activations.
+override TILE: u32 = 4u;
 // Workgroup arrays have constant sizes; WG may not exceed this.
 const MAX_WG: u32 = 64u;
 
@@ -107,24 +108,24 @@ fn main(
         var a3 = vec4<f32>();
         for (var c = l; c < n_chunks; c += WG) {
             a0 += dot4(rb, c, x_chunk(rows.first, t0, c));
-            if (nt > 1u) {
+            if (TILE > 1u && nt > 1u) {
                 a1 += dot4(rb, c, x_chunk(rows.first, t0 + 1u, c));
             }
-            if (nt > 2u) {
+            if (TILE > 2u && nt > 2u) {
                 a2 += dot4(rb, c, x_chunk(rows.first, t0 + 2u, c));
             }
-            if (nt > 3u) {
+            if (TILE > 3u && nt > 3u) {
                 a3 += dot4(rb, c, x_chunk(rows.first, t0 + 3u, c));
             }
         }
         store4(t0, rows, total(a0, l, sl), l);
-        if (nt > 1u) {
+        if (TILE > 1u && nt > 1u) {
             store4(t0 + 1u, rows, total(a1, l, sl), l);
         }
-        if (nt > 2u) {
+        if (TILE > 2u && nt > 2u) {
             store4(t0 + 2u, rows, total(a2, l, sl), l);
         }
-        if (nt > 3u) {
+        if (TILE > 3u && nt > 3u) {
             store4(t0 + 3u, rows, total(a3, l, sl), l);
         }
     }

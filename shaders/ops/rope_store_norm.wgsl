@@ -15,9 +15,10 @@
 @group(0) @binding(7) var<uniform> qw: array<vec4<f32>, 1024>;
 @group(0) @binding(8) var<uniform> kw: array<vec4<f32>, 1024>;
 
-// Lanes per workgroup: 64, or one subgroup with common/reduce_sg.wgsl.
+// Lanes per workgroup (`ops::reduce_pipeline`): up to REDUCE_MAX_WG, or one subgroup
+// with common/reduce_sg.wgsl.
 override WG: u32 = 64u;
-var<workgroup> partial: array<f32, 64>;
+var<workgroup> partial: array<f32, REDUCE_MAX_WG>;
 
 fn q_w(d: u32) -> f32 {
     return qw[d >> 2u][d & 3u];

@@ -19,9 +19,10 @@ struct Params {
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> scores: array<vec4<f32>>;
 
-// Lanes per workgroup: 64, or one subgroup with common/reduce_sg.wgsl.
+// Lanes per workgroup (`ops::reduce_pipeline`): up to REDUCE_MAX_WG, or one subgroup
+// with common/reduce_sg.wgsl.
 override WG: u32 = 64u;
-var<workgroup> partial: array<f32, 64>;
+var<workgroup> partial: array<f32, REDUCE_MAX_WG>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {

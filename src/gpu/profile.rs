@@ -184,3 +184,67 @@ impl Drop for Profiler {
         }
     }
 }
+
+/// Environment variable that turns on [`HostTimes`].
+pub const HOST_TIMES_ENV: &str = "WGLLM_HOST_TIMES";
+
+/// Where the host's time goes in a step (`WGLLM_HOST_TIMES=1`): recording dispatches
+/// into command buffers, submitting them, and waiting for the results, per step and
+/// separately for single-token steps (decode) and batches; printed to stderr when the
+/// model is dropped. A step whose recording takes as long as its kernels leaves the
+/// device idle while the host records.
+#[derive(Default)]
+pub struct HostTimes {
+    /// [single tokens, batches]: (steps, record, submit, wait) in seconds.
+    kinds: [(u64, f64, f64, f64); 2],
+}
+
+/// One step's host phases, in seconds.
+#[derive(Clone, Copy, Default)]
+pub struct StepPhases {
+    pub record: f64,
+    pub submit: f64,
+    pub wait: f64,
+}
+
+impl HostTimes {
+    /// Host timing when `WGLLM_HOST_TIMES` is set.
+    pub fn from_env() -> Option<HostTimes> {
+        std::env::var(HOST_TIMES_ENV)
+            .is_ok_and(|v| v != "0" && !v.is_empty())
+            .then(HostTimes::default)
+    }
+
+    /// Add a step of `n_tokens`.
+    pub fn add(&mut self, n_tokens: u32, p: StepPhases) {
+        let k = &mut self.kinds[usize::from(n_tokens > 1)];
+        k.0 += 1;
+        k.1 += p.record;
+        k.2 += p.submit;
+        k.3 += p.wait;
+    }
+
+    /// The averages as lines of text.
+    pub fn report(&self) -> String {
+        let mut out = String::new();
+        for (name, (n, rec, sub, wait)) in ["single-token", "batch"].iter().zip(self.kinds) {
+            if n == 0 {
+                continue;
+            }
+            let ms = |s: f64| s * 1e3 / n as f64;
+            out.push_str(&format!(
+                "host, {n} {name} steps: record {:.3} ms, submit {:.3} ms, wait {:.3} ms per step\n",
+                ms(rec),
+                ms(sub),
+                ms(wait)
+            ));
+        }
+        out
+    }
+}
+
+impl Drop for HostTimes {
+    fn drop(&mut self) {
+        eprint!("{}", self.report());
+    }
+}

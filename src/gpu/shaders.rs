@@ -198,6 +198,16 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "mul_mat_mm",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            MUL_MAT_XS,
+            wgsl!("ops/mul_mat_mm.wgsl"),
+        ],
+    ),
+    (
         "mul_mat_ks",
         &[
             W_STORAGE,

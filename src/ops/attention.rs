@@ -137,8 +137,9 @@ pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention) -> Vec<WarmJob<'a>> 
         .chain(batch)
         .map(|name| Box::new(move || op_pipeline(ctx, name).map(drop)) as WarmJob<'_>)
         .collect();
+    let n_ctx = attn.n_ctx;
     jobs.push(Box::new(move || {
-        super::reduce_pipeline(ctx, "softmax", &[]).map(drop)
+        super::reduce_pipeline(ctx, "softmax", &[], n_ctx).map(drop)
     }));
     let decode_tex = attn.decodes_from_textures(ctx);
     jobs.push(Box::new(move || decode_pipeline(ctx, decode_tex).map(drop)));
@@ -561,7 +562,7 @@ impl Attention {
         let softmax = dispatch(
             ctx,
             "softmax",
-            super::reduce_pipeline(ctx, "softmax", &[])?,
+            super::reduce_pipeline(ctx, "softmax", &[], self.n_ctx)?,
             step,
             &SoftmaxParams {
                 n_head,

@@ -165,7 +165,7 @@ pub fn gpu_with_rope(
     }
     // One workgroup per head of Q and of K.
     let heads = rope.n_heads + kv_dim / rope.head_dim;
-    let pipe = super::reduce_pipeline(ctx, "rope_store_norm", &[])?;
+    let pipe = super::reduce_pipeline(ctx, "rope_store_norm", &[], rope.head_dim)?;
     let bufs = [q, k_new, v_new, k_cache, v_cache, norms.q, norms.k];
     dispatch(ctx, "rope_store_norm", pipe, step, &p, &bufs, move |s| {
         [heads, s.n_tokens, 1]

@@ -251,18 +251,29 @@ pub(crate) fn op_pipeline(
     })
 }
 
-/// The pipeline of a kernel that reduces over its workgroup (`rms_norm`, `softmax`),
-/// with `constants`: the `_sg` form, one subgroup per workgroup, where the device has a
-/// fixed subgroup size (measured on lavapipe: a 64-lane tree of barriers took most of
-/// these kernels' time), else the 64-lane form.
+/// The pipeline of a kernel that reduces rows of `span` elements over its workgroup
+/// (`rms_norm`, `softmax`, `rope_store_norm`), with `constants`.
+///
+/// - The `_sg` form, one subgroup per workgroup, where the device has a fixed subgroup
+///   size and is CPU-hosted (measured on lavapipe: a 64-lane tree of barriers took most
+///   of these kernels' time) or the row is at most four elements a lane.
+/// - Else a tree in workgroup memory over [`reduce_lanes`] lanes. On a GPU a norm's
+///   time is its lanes' chains of loads, each waiting on memory: one 32-lane subgroup
+///   walking a row of 4096 took 67 us on an H200 (docs/perf.md).
+///
+/// [`GpuContext::workgroup_reductions`] forces the tree, so that tests run it anywhere.
 pub(crate) fn reduce_pipeline(
     ctx: &GpuContext,
     name: &str,
     constants: &[(&str, f64)],
+    span: u32,
 ) -> crate::Result<Arc<wgpu::ComputePipeline>> {
+    let cpu_hosted = ctx.info.device_type == wgpu::DeviceType::Cpu;
     let (name, wg) = match ctx.fixed_subgroup() {
-        Some(sg) if sg <= WG => (format!("{name}_sg"), sg),
-        _ => (name.to_string(), WG),
+        Some(sg) if sg <= WG && !ctx.workgroup_reductions && (cpu_hosted || span <= 4 * sg) => {
+            (format!("{name}_sg"), sg)
+        }
+        _ => (name.to_string(), reduce_lanes(ctx, span)),
     };
     let mut consts = constants.to_vec();
     consts.push(("WG", wg as f64));
@@ -270,6 +281,19 @@ pub(crate) fn reduce_pipeline(
         crate::gpu::shaders::op_source(&name)
     })
 }
+
+/// Lanes of a tree reduction over rows of `span` (`REDUCE_MAX_WG` in
+/// common/reduce.wgsl): about four elements a lane, 64 to 256 of them, within the
+/// device's workgroup limits.
+pub(crate) fn reduce_lanes(ctx: &GpuContext, span: u32) -> u32 {
+    let cap = REDUCE_MAX_WG
+        .min(ctx.limits.max_compute_invocations_per_workgroup)
+        .min(ctx.limits.max_compute_workgroup_size_x);
+    (span.div_ceil(4).next_power_of_two()).clamp(WG, cap.max(WG))
+}
+
+/// The most lanes of a tree reduction (`REDUCE_MAX_WG` in common/reduce.wgsl).
+const REDUCE_MAX_WG: u32 = 256;
 
 /// A step uniform for tests and tools that run kernels outside a model.
 pub fn uniform_for_tests(ctx: &GpuContext, step: &StepInfo) -> wgpu::Buffer {

@@ -191,6 +191,28 @@ const KS_ROWS: u32 = 64;
 /// Rows per workgroup of `Mr` (`ROWS` in mul_mat_mr.wgsl).
 const MR_ROWS: u32 = 4;
 
+/// Tokens per pass over `Mr`'s rows in batches (`TILE` in mul_mat_mr.wgsl).
+const MR_TILE: u32 = 4;
+
+/// Fewest tokens for which `Mr` runs batches as `mul_mat_mm` ([`mm_fits`]).
+pub const MM_MIN: u32 = 16;
+
+/// Rows and tokens of a `mul_mat_mm` workgroup's tile (`BM`, `BN`), its invocations
+/// (`WG`) and the workgroup memory its two tiles take.
+const MM_ROWS: u32 = 64;
+const MM_TOKENS: u32 = 64;
+const MM_WG: u32 = 256;
+const MM_SHARED_BYTES: u32 = 2 * 64 * 64 * 4;
+
+/// Whether `Mr` runs batches of [`MM_MIN`] tokens or more as `mul_mat_mm`: where the
+/// device allows its workgroup of 256 and its 32 KiB of workgroup memory.
+pub fn mm_fits(ctx: &GpuContext) -> bool {
+    let l = &ctx.limits;
+    l.max_compute_invocations_per_workgroup >= MM_WG
+        && l.max_compute_workgroup_size_x >= MM_WG
+        && l.max_compute_workgroup_storage_size >= MM_SHARED_BYTES
+}
+
 /// `Mr`'s workgroup (`WG`, `SG_WHOLE` in mul_mat_mr.wgsl): one subgroup where the
 /// device fixes its size (at most 64 lanes), so `subgroupAdd` alone sums a row; else,
 /// or with [`GpuContext::workgroup_reductions`], 64 invocations, their subgroups' sums
@@ -277,9 +299,14 @@ enum Build {
     /// token alone, for steps of fewer than [`KS_TILE_MIN`] tokens. llvmpipe compiles a
     /// kernel on its first dispatch, and the tile loop is most of that work (15-20 s
     /// against 2-3 s, docs/perf.md): decoding and short prompts never pay it.
+    /// `Mr` with a tile of one token (`TILE` in mul_mat_mr.wgsl), for single tokens:
+    /// without the tile's other sums and activations, fewer registers.
     Untiled,
     /// `mul_mat_ks1` (`Ks` and `KsU` only).
     Ks1(Ks1),
+    /// `mul_mat_mm`, the tiled product `Mr` runs batches of [`MM_MIN`] tokens or more
+    /// on ([`mm_fits`]).
+    Mm,
 }
 
 /// How a `mul_mat_ks1` kernel is built.
@@ -312,6 +339,7 @@ fn kernel_pipeline(
     let normed = ks1.is_some_and(|k| k.normed);
     let int = ks1.is_some_and(|k| k.tile && v == Variant::Ks && ks1_int(ty));
     let shader = match (ks1, v) {
+        (None, Variant::Mr) if matches!(build, Build::Mm) => "mul_mat_mm",
         (None, v) => v.shader(),
         (Some(k), Variant::Ks) if int && k.normed => "mul_mat_ks1in",
         (Some(_), Variant::Ks) if int => "mul_mat_ks1i",
@@ -347,9 +375,18 @@ fn kernel_pipeline(
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
         }
         (Variant::Wg | Variant::Sg, _) => vec![("WG", ROW_WG as f64)],
+        (Variant::Mr, _) if matches!(build, Build::Mm) => Vec::new(),
         (Variant::Mr, _) => {
             let (wg, whole) = mr_shape(ctx);
-            vec![("WG", wg as f64), ("SG_WHOLE", whole as u8 as f64)]
+            let tile = match build {
+                Build::Untiled => 1,
+                _ => MR_TILE,
+            };
+            vec![
+                ("WG", wg as f64),
+                ("SG_WHOLE", whole as u8 as f64),
+                ("TILE", tile as f64),
+            ]
         }
         (Variant::Ks | Variant::KsU, None) => {
             vec![
@@ -400,6 +437,10 @@ enum Steps {
     /// Those with one output token, and those with several that are not whole tiles of
     /// four (`mul_mat_ks1`'s single-token build runs the tokens its tiles leave).
     OneOrTail,
+    /// Those with several output tokens, fewer than [`MM_MIN`].
+    SeveralBelowMm,
+    /// Those with at least [`MM_MIN`] (`mul_mat_mm`).
+    Mm,
 }
 
 impl Steps {
@@ -431,6 +472,8 @@ impl Steps {
             Steps::Tiles => !one && s.n_tokens >= KS1_TILE,
             Steps::Tail => !one && s.n_tokens % KS1_TILE != 0,
             Steps::FewSeveral => !one && s.n_tokens < KS_TILE_MIN,
+            Steps::SeveralBelowMm => !one && s.n_tokens < MM_MIN,
+            Steps::Mm => !one && s.n_tokens >= MM_MIN,
         }
     }
 }
@@ -439,6 +482,8 @@ impl Steps {
 struct Kernel {
     pipe: Arc<wgpu::ComputePipeline>,
     steps: Steps,
+    /// Whether it is `mul_mat_mm`, whose grid has a dimension of token tiles.
+    tiled: bool,
     /// Whether it is `mul_mat_ks1`'s single-token build, which has the GLU store
     /// ([`Outputs::glu`]).
     stores_glu: bool,
@@ -449,6 +494,7 @@ impl Kernel {
         Kernel {
             pipe,
             steps,
+            tiled: false,
             stores_glu: false,
         }
     }
@@ -476,6 +522,29 @@ fn kernels(
                 v.name()
             )));
         }
+        if v == Variant::Mr {
+            // Single tokens run a build without the tile's other three tokens.
+            let one = kernel_pipeline(ctx, ty, v, memory, Build::Untiled)?;
+            if cols == Columns::Last {
+                return Ok(vec![Kernel::new(one, Steps::One)]);
+            }
+            let whole = pipeline(ctx, ty, v, memory)?;
+            if !mm_fits(ctx) {
+                return Ok(vec![
+                    Kernel::new(one, Steps::One),
+                    Kernel::new(whole, Steps::Several),
+                ]);
+            }
+            let mm = Kernel {
+                tiled: true,
+                ..Kernel::new(kernel_pipeline(ctx, ty, v, memory, Build::Mm)?, Steps::Mm)
+            };
+            return Ok(vec![
+                Kernel::new(one, Steps::One),
+                Kernel::new(whole, Steps::SeveralBelowMm),
+                mm,
+            ]);
+        }
         if !matches!(v, Variant::Ks | Variant::KsU) {
             return Ok(vec![Kernel::new(
                 pipeline(ctx, ty, v, memory)?,
@@ -501,6 +570,7 @@ fn kernels(
     let single = |steps| Kernel {
         pipe: single.clone(),
         steps,
+        tiled: false,
         stores_glu: true,
     };
     if cols == Columns::Last {
@@ -1055,7 +1125,8 @@ fn gpu_out(
             let mut parts = |steps: Steps, out: &Outputs<'_>| {
                 let on = move |s: &StepInfo| steps.admits(s, cols);
                 let io = (x, out, norm);
-                let d = part_dispatches(ctx, (v, &k.pipe), step, w, io, cols, toks, on)?;
+                let kernel = (v, &k.pipe, k.tiled);
+                let d = part_dispatches(ctx, kernel, step, w, io, cols, toks, on)?;
                 plan.extend(d);
                 Result::Ok(())
             };
@@ -1081,7 +1152,7 @@ fn gpu_out(
 #[allow(clippy::too_many_arguments)]
 fn part_dispatches(
     ctx: &GpuContext,
-    (v, pipe): (Variant, &Arc<wgpu::ComputePipeline>),
+    (v, pipe, tiled): (Variant, &Arc<wgpu::ComputePipeline>, bool),
     step: &wgpu::Buffer,
     w: &GpuTensor,
     (x, out, norm): (&wgpu::Buffer, &Outputs<'_>, Option<Norm<'_>>),
@@ -1115,6 +1186,11 @@ fn part_dispatches(
                     offset: 0,
                     size: wgpu::BufferSize::new(X_UNIFORM_BYTES),
                 });
+            }
+            if tiled {
+                let grid = mm_grid(part.n_rows, toks, max_groups, &w.name)?;
+                let grid = move |s: &StepInfo| if on(s) { grid(s) } else { [0, 1, 1] };
+                return dispatch_bound(ctx, &label, pipe.clone(), step, &wp, bindings, grid);
             }
             let grid = move |s: &StepInfo| if on(s) { g } else { [0, 1, 1] };
             dispatch_bound(ctx, &label, pipe.clone(), step, &wp, bindings, grid)
@@ -1239,6 +1315,26 @@ fn grid(v: Variant, n_rows: u32, max_groups: u32) -> [u32; 3] {
     [gx, n_wg.div_ceil(gx), 1]
 }
 
+/// `mul_mat_mm`'s grid over `n_rows` rows and a step's output tokens `toks.0 ..
+/// toks.0 + toks.1`: a tile of rows by a tile of tokens per workgroup.
+fn mm_grid(
+    n_rows: u32,
+    (tok0, tok_n): (u32, u32),
+    max_groups: u32,
+    name: &str,
+) -> Result<impl Fn(&StepInfo) -> [u32; 3] + Copy + Send + Sync + 'static> {
+    let gx = n_rows.div_ceil(MM_ROWS);
+    if gx > max_groups {
+        return Err(Error::Unsupported(format!(
+            "{name}: {n_rows} rows in one binding, more than the tiled product's grid holds"
+        )));
+    }
+    Ok(move |s: &StepInfo| {
+        let end = s.n_tokens.min(tok0.saturating_add(tok_n));
+        [gx, end.saturating_sub(tok0).div_ceil(MM_TOKENS), 1]
+    })
+}
+
 /// `WinU`, `KsU`: per load of the uniform buffer, a copy of the next `per_xu` output
 /// tokens' activations, then one dispatch per part of W. Enough loads are recorded for
 /// the largest batch `x` holds; those past a step's tokens have empty grids.
@@ -1301,7 +1397,10 @@ fn gpu_uniform_x(
             move |s| [if live(s) { groups(n_copy, WG) } else { 0 }, 1, 1],
         )?);
         let toks = (tok0, tok_n);
-        for Kernel { pipe, steps, .. } in &kernels {
+        for Kernel {
+            pipe, steps, tiled, ..
+        } in &kernels
+        {
             // Single tokens are all in the first load.
             if tok0 > 0 && *steps == Steps::One {
                 continue;
@@ -1313,7 +1412,7 @@ fn gpu_uniform_x(
             let norm = norm.map(|n| Norm { x: xu, ..n });
             plan.extend(part_dispatches(
                 ctx,
-                (v, pipe),
+                (v, pipe, *tiled),
                 step,
                 w,
                 (xu, out, norm),

@@ -34,7 +34,7 @@ pub fn gpu(
         _pad: 0,
     };
     let acc = [("ACC", (store == Store::Add) as u8 as f64)];
-    let pipe = super::reduce_pipeline(ctx, "rms_norm", &acc)?;
+    let pipe = super::reduce_pipeline(ctx, "rms_norm", &acc, n)?;
     dispatch(ctx, "rms_norm", pipe, step, &p, &[x, w, y], move |s| {
         [rows_per_token, s.n_tokens, 1]
     })

@@ -28,6 +28,20 @@ pub fn buffer_contexts() -> &'static [GpuContext] {
     memory_contexts(WeightMemory::Buffer)
 }
 
+/// Every adapter with its reductions forced through workgroup memory
+/// (`DeviceOptions::workgroup_reductions`): the GPUs' paths of the reducing kernels, run
+/// on a CPU-hosted driver too.
+#[allow(dead_code)]
+pub fn tree_contexts() -> &'static [GpuContext] {
+    static CTX: OnceLock<Vec<GpuContext>> = OnceLock::new();
+    CTX.get_or_init(|| {
+        contexts_with(&DeviceOptions {
+            workgroup_reductions: true,
+            ..Default::default()
+        })
+    })
+}
+
 /// Every adapter with every weight matrix held in `memory`, made once per memory.
 fn memory_contexts(memory: WeightMemory) -> &'static [GpuContext] {
     static CTX: [OnceLock<Vec<GpuContext>>; 2] = [OnceLock::new(), OnceLock::new()];
