@@ -431,6 +431,66 @@ fn gate_up_stores_the_activation() {
     assert!(!cpu_vulkan || stored_somewhere, "no adapter stored a GLU");
 }
 
+/// The device's contexts with `mr` tuned for every type, as a GPU runs it: its lanes
+/// one subgroup where the size is fixed, and (`tree`) reduced in workgroup memory.
+fn mr_contexts(tree: bool) -> Vec<GpuContext> {
+    contexts()
+        .iter()
+        .filter(|c| Variant::Mr.available(c))
+        .map(|c| {
+            let opts = DeviceOptions {
+                workgroup_reductions: tree,
+                ..Default::default()
+            };
+            let mut ctx = GpuContext::from_adapter(c.adapter.clone(), &opts).expect("context");
+            for ty in GPU_TYPES {
+                ctx.tuned
+                    .mul_mat
+                    .insert(ty.name().to_string(), "mr".to_string());
+            }
+            ctx
+        })
+        .collect()
+}
+
+/// `mr`'s single-token build stores act(gate) * up itself (two gate rows and the same
+/// two of up per workgroup), for any number of gate rows, even or odd; batches leave it
+/// to the `glu` dispatch.
+#[test]
+fn mr_stores_the_activation() {
+    let mut stored = 0;
+    let mut ran = 0;
+    for ctx in mr_contexts(false).iter().chain(&mr_contexts(true)) {
+        ran += 1;
+        for (ty, n_ff, n_cols, act) in [
+            (GgmlType::Q4_K, 40, 1024, Activation::GeluTanh),
+            (GgmlType::Q8_0, 72, 640, Activation::Silu),
+            (GgmlType::Q6_K, 24, 512, Activation::Silu),
+            (GgmlType::Q4_0, 9, 96, Activation::Silu),
+        ] {
+            for toks in [1, 5, 17] {
+                let case = GluCase {
+                    shape: (ty, n_ff, n_cols),
+                    act,
+                    toks,
+                    xk: XBuffer::Storage,
+                    normed: false,
+                };
+                let s = check_gate_up(ctx, case);
+                assert!(s, "{case:?} on {}: not stored", label(ctx));
+                stored += s as u32;
+            }
+        }
+    }
+    let cpu_vulkan = contexts().iter().any(|c| {
+        c.info.device_type == wgpu::DeviceType::Cpu && c.info.backend == wgpu::Backend::Vulkan
+    });
+    assert!(
+        !cpu_vulkan || (ran > 0 && stored > 0),
+        "no adapter ran `mr`"
+    );
+}
+
 #[derive(Clone, Copy, Debug)]
 struct GluCase {
     /// Type, rows of gate (and of up), columns.
@@ -736,6 +796,15 @@ fn mr_reduces_in_workgroup_memory_too() {
             check(&tree, Variant::Mr, ty, 70, 512, 6, Columns::Last);
         }
         check_fused(&tree, Variant::Mr, GgmlType::Q4_K, &[65, 65], 512, 9);
+        // Few, long rows: two and four times the lanes, each walking two chunks or more.
+        assert_eq!(mul_mat::mr_lanes(&tree, 33, 8192), (128, false));
+        assert_eq!(mul_mat::mr_lanes(&tree, 9, 16384), (256, false));
+        assert_eq!(mul_mat::mr_lanes(&tree, 9, 4096), (64, false));
+        for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+            for (rows, cols, toks) in [(33, 8192, 1), (9, 16384, 2), (33, 8192, 5)] {
+                check(&tree, Variant::Mr, ty, rows, cols, toks, Columns::All);
+            }
+        }
     }
 }
 

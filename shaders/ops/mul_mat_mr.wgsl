@@ -12,7 +12,8 @@
 //
 // Params: common/mul_mat_params.wgsl; the workgroup's rows and output tokens, and the
 // activations a chunk at a time through `xv` (ops/mul_mat_xs.wgsl), as `mul_mat_ks`
-// takes them (common/x_chunk.wgsl).
+// takes them (common/x_chunk.wgsl). The single-token build has the GLU store
+// (`store4`).
 //
 // W: [n_cols, n_rows] (this binding holds rows row0 .. row0 + n_rows of the tensor)
 // y: [y_stride, n_tokens] f32; row r of this part lands at y[t * y_stride + row0 + r]
@@ -22,8 +23,9 @@
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 
-// Invocations per workgroup (`ops::mul_mat::mr_shape`): the subgroup size where it is
-// fixed, with SG_WHOLE; else 64, reduced through workgroup memory.
+// Invocations per workgroup (`ops::mul_mat::mr_lanes`): the subgroup size where it is
+// fixed, with SG_WHOLE; else 64, reduced through workgroup memory; either, two or four
+// times over on GPUs for products of few, long rows (not SG_WHOLE then).
 override WG: u32 = 64u;
 // Whether a workgroup is exactly one subgroup, so `subgroupAdd` alone sums it.
 override SG_WHOLE: bool = false;
@@ -33,16 +35,30 @@ const ROWS: u32 = 4u;
 // single-token build, which then holds one token's sums and activations.
 override TILE: u32 = 4u;
 // Workgroup arrays have constant sizes; WG may not exceed this.
-const MAX_WG: u32 = 64u;
+const MAX_WG: u32 = 256u;
 
 var<workgroup> red: array<vec4<f32>, MAX_WG>;
 
 // The byte offsets of the workgroup's four rows; rows past the part's end repeat its
-// last row (their sums are not stored).
+// last row (their sums are not stored). With the GLU store, rows g and g + 1 of gate
+// and the same two of up (`glu_pair`).
 fn row_bytes4(r0: u32) -> vec4<u32> {
+    if (p.glu != 0u) {
+        let n_ff = p.y_stride;
+        let g = glu_pair(r0);
+        let g1 = min(g + 1u, n_ff - 1u);
+        return vec4<u32>(g, g1, n_ff + g, n_ff + g1) * p.row_bytes;
+    }
     let last = p.n_rows - 1u;
     let r = min(vec4<u32>(r0) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(last));
     return r * p.row_bytes;
+}
+
+// The GLU store (`p.glu`, a fused gate/up product of single tokens, its y_stride rows
+// of gate then as many of up): the workgroup of rows r0 .. r0 + 3 takes gate rows
+// g = r0 / 2 and g + 1 and the same rows of up, and stores act(gate) * up for the two.
+fn glu_pair(r0: u32) -> u32 {
+    return r0 / 2u;
 }
 
 // Chunk c of the four rows dotted with the activations `xc`.
@@ -79,8 +95,17 @@ fn total(a: vec4<f32>, l: u32, sl: u32) -> vec4<f32> {
     return tot;
 }
 
-// Lanes 0 .. nr - 1 store the workgroup's rows of token t.
+// Lanes 0 .. nr - 1 store the workgroup's rows of token t; with the GLU store, lanes 0
+// and 1 its two activations.
 fn store4(t: u32, rows: KsRows, tot: vec4<f32>, l: u32) {
+    if (p.glu != 0u) {
+        let g = glu_pair(rows.r0) + l;
+        if (l < 2u && g < p.y_stride) {
+            let gu = select(tot.yw, tot.xz, l == 0u);
+            store_y(t * p.y_stride + g, glu_act(p.glu - 1u, gu.x) * gu.y);
+        }
+        return;
+    }
     if (l < rows.nr) {
         store_out(t, p.row0 + rows.r0 + l, tot[l]);
     }

@@ -194,6 +194,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_STORE,
             MUL_MAT_XS,
             X_CHUNK,
+            ACT,
             wgsl!("ops/mul_mat_mr.wgsl"),
         ],
     ),

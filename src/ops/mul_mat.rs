@@ -194,6 +194,40 @@ const MR_ROWS: u32 = 4;
 /// Tokens per pass over `Mr`'s rows in batches (`TILE` in mul_mat_mr.wgsl).
 const MR_TILE: u32 = 4;
 
+/// `Mr`'s workgroups ([`mr_lanes`]): how many a product should have for a GPU to keep
+/// enough loads in flight (an H200 holds about 2000 resident 32-lane subgroups), and
+/// how many times [`mr_shape`]'s lanes a workgroup may take to get there.
+const MR_FILL_GROUPS: u64 = 2048;
+const MR_MAX_SPLIT: u32 = 4;
+
+/// `Mr`'s workgroup for products of `n_rows` rows of `n_cols` (`WG`, `SG_WHOLE`):
+/// [`mr_shape`]'s, widened two or four times on GPUs where the product has too few
+/// rows to fill the device ([`MR_FILL_GROUPS`]) and rows long enough that each lane
+/// still walks two chunks or more; the lanes' sums are then added in workgroup memory.
+/// A down projection of 4096 rows (1024 workgroups of one subgroup) walks 14 chunks per
+/// lane one after another; split over two subgroups, it walks seven.
+pub fn mr_lanes(ctx: &GpuContext, n_rows: u64, n_cols: u64) -> (u32, bool) {
+    let (base, whole) = mr_shape(ctx);
+    let cpu_hosted = ctx.info.device_type == wgpu::DeviceType::Cpu;
+    if cpu_hosted && !ctx.workgroup_reductions {
+        return (base, whole);
+    }
+    let groups = n_rows.div_ceil(MR_ROWS as u64);
+    let chunks = n_cols / 32;
+    let mut k = 1;
+    while k < MR_MAX_SPLIT
+        && groups * (k as u64) < MR_FILL_GROUPS
+        && chunks >= (base * k * 4) as u64
+    {
+        k *= 2;
+    }
+    if k == 1 {
+        (base, whole)
+    } else {
+        (base * k, false)
+    }
+}
+
 /// Fewest tokens for which `Mr` runs batches as `mul_mat_mm` ([`mm_fits`]).
 pub const MM_MIN: u32 = 16;
 
@@ -299,14 +333,17 @@ enum Build {
     /// token alone, for steps of fewer than [`KS_TILE_MIN`] tokens. llvmpipe compiles a
     /// kernel on its first dispatch, and the tile loop is most of that work (15-20 s
     /// against 2-3 s, docs/perf.md): decoding and short prompts never pay it.
-    /// `Mr` with a tile of one token (`TILE` in mul_mat_mr.wgsl), for single tokens:
-    /// without the tile's other sums and activations, fewer registers.
     Untiled,
     /// `mul_mat_ks1` (`Ks` and `KsU` only).
     Ks1(Ks1),
     /// `mul_mat_mm`, the tiled product `Mr` runs batches of [`MM_MIN`] tokens or more
     /// on ([`mm_fits`]).
     Mm,
+    /// `Mr` with `tile` tokens per pass and `lanes` invocations per workgroup
+    /// ([`mr_lanes`]). Single tokens run a tile of one: without the tile's other sums
+    /// and activations, fewer registers (on an H200, a gate/up product of 2x14336 rows
+    /// went from 79 to 54 us, docs/perf.md).
+    Mr { tile: u32, lanes: (u32, bool) },
 }
 
 /// How a `mul_mat_ks1` kernel is built.
@@ -377,10 +414,9 @@ fn kernel_pipeline(
         (Variant::Wg | Variant::Sg, _) => vec![("WG", ROW_WG as f64)],
         (Variant::Mr, _) if matches!(build, Build::Mm) => Vec::new(),
         (Variant::Mr, _) => {
-            let (wg, whole) = mr_shape(ctx);
-            let tile = match build {
-                Build::Untiled => 1,
-                _ => MR_TILE,
+            let (tile, (wg, whole)) = match build {
+                Build::Mr { tile, lanes } => (tile, lanes),
+                _ => (MR_TILE, mr_shape(ctx)),
             };
             vec![
                 ("WG", wg as f64),
@@ -510,7 +546,7 @@ impl Kernel {
 /// the product ([`folds_norm`]).
 fn kernels(
     ctx: &GpuContext,
-    (ty, n_cols, memory): (GgmlType, u64, WeightMemory),
+    (ty, n_rows, n_cols, memory): (GgmlType, u64, u64, WeightMemory),
     v: Variant,
     cols: Columns,
     normed: bool,
@@ -524,26 +560,27 @@ fn kernels(
         }
         if v == Variant::Mr {
             // Single tokens run a build without the tile's other three tokens.
-            let one = kernel_pipeline(ctx, ty, v, memory, Build::Untiled)?;
+            let lanes = mr_lanes(ctx, n_rows, n_cols);
+            let one = Kernel {
+                stores_glu: true,
+                ..Kernel::new(
+                    kernel_pipeline(ctx, ty, v, memory, Build::Mr { tile: 1, lanes })?,
+                    Steps::One,
+                )
+            };
             if cols == Columns::Last {
-                return Ok(vec![Kernel::new(one, Steps::One)]);
+                return Ok(vec![one]);
             }
-            let whole = pipeline(ctx, ty, v, memory)?;
+            let tile = MR_TILE;
+            let whole = kernel_pipeline(ctx, ty, v, memory, Build::Mr { tile, lanes })?;
             if !mm_fits(ctx) {
-                return Ok(vec![
-                    Kernel::new(one, Steps::One),
-                    Kernel::new(whole, Steps::Several),
-                ]);
+                return Ok(vec![one, Kernel::new(whole, Steps::Several)]);
             }
             let mm = Kernel {
                 tiled: true,
                 ..Kernel::new(kernel_pipeline(ctx, ty, v, memory, Build::Mm)?, Steps::Mm)
             };
-            return Ok(vec![
-                Kernel::new(one, Steps::One),
-                Kernel::new(whole, Steps::SeveralBelowMm),
-                mm,
-            ]);
+            return Ok(vec![one, Kernel::new(whole, Steps::SeveralBelowMm), mm]);
         }
         if !matches!(v, Variant::Ks | Variant::KsU) {
             return Ok(vec![Kernel::new(
@@ -1095,11 +1132,14 @@ fn gpu_out(
         let plan = gpu_uniform_x(ctx, v, step, w, (x, norm), out, cols, per_xu)?;
         return Ok((plan, false));
     }
-    // The GLU store walks the rows of one part in blocks of a subgroup's lanes.
-    let glu = glu.filter(|g| w.parts.len() == 1 && g.y_stride % ctx.subgroup_min_size.max(1) == 0);
+    // The GLU store reads gate and up from one part; `mul_mat_ks1` walks its rows in
+    // blocks of a subgroup's lanes, `mr` in pairs.
+    let glu = glu.filter(|g| {
+        w.parts.len() == 1 && (v == Variant::Mr || g.y_stride % ctx.subgroup_min_size.max(1) == 0)
+    });
     let mut plan = Vec::new();
     let mut glu_stored = false;
-    let shape = (w.ty, w.n_cols(), w.memory);
+    let shape = (w.ty, w.n_rows(), w.n_cols(), w.memory);
     let x_read = norm.map_or(x, |n| n.x);
     let direct = single_tokens_uniform(ctx, v, cols, w.n_cols()) && reads_uniform(x_read);
     // (variant, every token or the first load's, kernels)
@@ -1242,7 +1282,7 @@ pub fn warm(
     if matches!(v, Variant::WinU | Variant::KsU) {
         super::op_pipeline(ctx, "mul_mat_xcopy")?;
     }
-    let shape = (ty, n_cols, memory);
+    let shape = (ty, n_rows, n_cols, memory);
     // The models' activations can be bound as uniforms (`upload::activations`).
     if single_tokens_uniform(ctx, v, cols, n_cols) {
         kernels(ctx, shape, Variant::KsU, Columns::Last, normed)?;
@@ -1349,7 +1389,7 @@ fn gpu_uniform_x(
     cols: Columns,
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
-    let shape = (w.ty, w.n_cols(), w.memory);
+    let shape = (w.ty, w.n_rows(), w.n_cols(), w.memory);
     let kernels = kernels(ctx, shape, v, cols, norm.is_some())?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
