@@ -1,4 +1,4 @@
-// The norm `mul_mat_ks1` (and `mul_mat_mr`, for single tokens) folds into its product:
+// The norm `mul_mat_ks1` folds into its product (`mul_mat_mr`'s: x_norm_storage.wgsl):
 // its activations are the residual stream, and the kernel computes rms_norm(x) * nw
 // itself (`ops::mul_mat::Norm`), so the step records no norm dispatch of its own.
 

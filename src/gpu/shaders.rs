@@ -208,7 +208,7 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_STORE,
             MUL_MAT_XS,
             X_CHUNK,
-            X_NORM,
+            wgsl!("common/x_norm_storage.wgsl"),
             ACT,
             MUL_MAT_MR,
         ],

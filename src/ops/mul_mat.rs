@@ -444,7 +444,10 @@ fn kernel_pipeline(
     if !fused {
         layout.truncate(6);
     }
-    if normed {
+    if mr_normed {
+        // The norm's weight (common/x_norm_storage.wgsl).
+        layout.push(Binding::Read);
+    } else if normed {
         // The norm's weight (common/x_norm.wgsl).
         layout.push(Binding::Uniform);
     }
