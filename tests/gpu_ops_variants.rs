@@ -233,9 +233,6 @@ fn check_normed_x(
     let sb = step_buffer(ctx, &step);
     let xb = x_buffer(ctx, &x, xk);
     let nwb = vector_init(ctx, "norm weight", &nw).expect("norm weight");
-    // The norm's output, as its dispatch writes it in batches (read by the kernels of
-    // products that fold it into single tokens only).
-    let xnb = buffer_with_guard(ctx, &xn, 0);
     let out_tokens = if cols == Columns::Last { 1 } else { n_tokens };
     let ybs: Vec<_> = rows
         .iter()
@@ -247,7 +244,6 @@ fn check_normed_x(
         x: &xb,
         w: &nwb,
         eps,
-        out: Some(&xnb),
     };
     let d = mul_mat::gpu_normed(ctx, &sb, &gw, norm, &yrefs, &rows32, cols).expect("build");
     run(ctx, &d, &step);
@@ -276,7 +272,6 @@ fn folds_from_storage(ctx: &GpuContext, ty: GgmlType, n_cols: usize) -> bool {
         x: &b,
         w: &b,
         eps: 1e-5,
-        out: Some(&b),
     };
     mul_mat::gpu_normed(ctx, &sb, &gw, norm, &[&b], &[3], Columns::All).is_ok()
 }
@@ -336,38 +331,6 @@ fn norm_folded_into_products() {
         c.info.device_type == wgpu::DeviceType::Cpu && c.info.backend == wgpu::Backend::Vulkan
     });
     assert!(!cpu_vulkan || folded > 0, "no adapter folded a norm");
-}
-
-/// `mr` folds the norm before a product into its single-token build
-/// (`Fold::SingleTokens`): single tokens and the last token of a batch read the
-/// residual stream, batches (its tiles of four and the tiled product) the norm's
-/// output; one output and three; a head's worth of rows (no row limit there).
-#[test]
-fn mr_folds_the_norm_into_single_tokens() {
-    let mut ran = 0;
-    for ctx in mr_contexts(false).iter().chain(&mr_contexts(true)) {
-        ran += 1;
-        for (ty, n_cols) in [
-            (GgmlType::Q4_1, 576),
-            (GgmlType::Q8_0, 640),
-            (GgmlType::Q6_K, 1024),
-            (GgmlType::Q4_K, 4096),
-        ] {
-            let memory = ctx.matrix_memory(ty);
-            let many = (mul_mat::FOLD_MAX_ROWS + 1, n_cols as u64);
-            let fold = mul_mat::norm_fold(ctx, ty, many, memory);
-            assert_eq!(fold, mul_mat::Fold::SingleTokens, "{ty} on {}", label(ctx));
-            check_normed(ctx, ty, &[67], n_cols, 1, Columns::All);
-            check_normed(ctx, ty, &[67], n_cols, 5, Columns::Last);
-            check_normed(ctx, ty, &[67], n_cols, 9, Columns::All);
-            check_normed(ctx, ty, &[70, 33, 33], n_cols, 1, Columns::All);
-            check_normed(ctx, ty, &[70, 33, 33], n_cols, 18, Columns::All);
-        }
-    }
-    let cpu_vulkan = contexts().iter().any(|c| {
-        c.info.device_type == wgpu::DeviceType::Cpu && c.info.backend == wgpu::Backend::Vulkan
-    });
-    assert!(!cpu_vulkan || ran > 0, "no adapter ran `mr`");
 }
 
 /// Activations in a buffer that single tokens bind as a uniform, as the models' are
@@ -491,8 +454,8 @@ fn mr_contexts(tree: bool) -> Vec<GpuContext> {
 }
 
 /// `mr`'s single-token build stores act(gate) * up itself (two gate rows and the same
-/// two of up per workgroup), for any number of gate rows, even or odd, with the norm
-/// before the product folded in or not; batches leave it to the `glu` dispatch.
+/// two of up per workgroup), for any number of gate rows, even or odd; batches leave it
+/// to the `glu` dispatch.
 #[test]
 fn mr_stores_the_activation() {
     let mut stored = 0;
@@ -506,18 +469,16 @@ fn mr_stores_the_activation() {
             (GgmlType::Q4_0, 9, 96, Activation::Silu),
         ] {
             for toks in [1, 5, 17] {
-                for normed in [false, true] {
-                    let case = GluCase {
-                        shape: (ty, n_ff, n_cols),
-                        act,
-                        toks,
-                        xk: XBuffer::Storage,
-                        normed,
-                    };
-                    let s = check_gate_up(ctx, case);
-                    assert!(s, "{case:?} on {}: not stored", label(ctx));
-                    stored += s as u32;
-                }
+                let case = GluCase {
+                    shape: (ty, n_ff, n_cols),
+                    act,
+                    toks,
+                    xk: XBuffer::Storage,
+                    normed: false,
+                };
+                let s = check_gate_up(ctx, case);
+                assert!(s, "{case:?} on {}: not stored", label(ctx));
+                stored += s as u32;
             }
         }
     }
@@ -560,12 +521,10 @@ fn check_gate_up(ctx: &GpuContext, c: GluCase) -> bool {
     let sb = step_buffer(ctx, &step);
     let xb = x_buffer(ctx, &x, c.xk);
     let nwb = vector_init(ctx, "norm weight", &nw).expect("norm weight");
-    let xnb = buffer_with_guard(ctx, &xn, 0);
     let norm = c.normed.then_some(mul_mat::Norm {
         x: &xb,
         w: &nwb,
         eps,
-        out: Some(&xnb),
     });
     let stale = |n: usize| Rng::new(13).vec(n, 5.0);
     let gb = buffer_with_guard(ctx, &stale(n_ff * c.toks), 64);

@@ -1,6 +1,6 @@
-// The norm `mul_mat_ks1` folds into its product (`mul_mat_mr`'s: x_norm_storage.wgsl):
-// its activations are the residual stream, and the kernel computes rms_norm(x) * nw
-// itself (`ops::mul_mat::Norm`), so the step records no norm dispatch of its own.
+// The norm `mul_mat_ks1` folds into its product: its activations are the residual
+// stream, and the kernel computes rms_norm(x) * nw itself (`ops::mul_mat::Norm`), so the
+// step records no norm dispatch of its own.
 
 const NORM: bool = true;
 

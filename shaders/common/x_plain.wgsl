@@ -1,5 +1,4 @@
-// `mul_mat_ks1` and `mul_mat_mr` on activations used as they are (see
-// common/x_norm.wgsl).
+// `mul_mat_ks1` on activations used as they are (see common/x_norm.wgsl).
 
 const NORM: bool = false;
 

@@ -95,28 +95,6 @@ fn total(a: vec4<f32>, l: u32, sl: u32) -> vec4<f32> {
     return tot;
 }
 
-// With NORM (the `mul_mat_mrn` build, for single tokens: TILE is 1), the activations
-// are the residual stream and the norm before the product happens here
-// (common/x_norm.wgsl): the walk dots the rows with x * the norm's weight, and the
-// sums are scaled by 1 / rms after it, from the lanes' sums of squares of the same
-// chunks. Elsewhere x as it is.
-fn weighted(x: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
-    if (!NORM) {
-        return x;
-    }
-    let i = c * 8u;
-    return array<vec4<f32>, 8>(
-        x[0] * norm_w(i), x[1] * norm_w(i + 1u), x[2] * norm_w(i + 2u), x[3] * norm_w(i + 3u),
-        x[4] * norm_w(i + 4u), x[5] * norm_w(i + 5u), x[6] * norm_w(i + 6u), x[7] * norm_w(i + 7u),
-    );
-}
-
-fn sum_sq(x: array<vec4<f32>, 8>) -> f32 {
-    let s = x[0] * x[0] + x[1] * x[1] + x[2] * x[2] + x[3] * x[3]
-        + x[4] * x[4] + x[5] * x[5] + x[6] * x[6] + x[7] * x[7];
-    return s.x + s.y + s.z + s.w;
-}
-
 // Lanes 0 .. nr - 1 store the workgroup's rows of token t; with the GLU store, lanes 0
 // and 1 its two activations.
 fn store4(t: u32, rows: KsRows, tot: vec4<f32>, l: u32) {
@@ -153,13 +131,8 @@ fn main(
         var a1 = vec4<f32>();
         var a2 = vec4<f32>();
         var a3 = vec4<f32>();
-        var sq = 0.0;
         for (var c = l; c < n_chunks; c += WG) {
-            let x0 = x_chunk(rows.first, t0, c);
-            if (NORM) {
-                sq += sum_sq(x0);
-            }
-            a0 += dot4(rb, c, weighted(x0, c));
+            a0 += dot4(rb, c, x_chunk(rows.first, t0, c));
             if (TILE > 1u && nt > 1u) {
                 a1 += dot4(rb, c, x_chunk(rows.first, t0 + 1u, c));
             }
@@ -170,11 +143,7 @@ fn main(
                 a3 += dot4(rb, c, x_chunk(rows.first, t0 + 3u, c));
             }
         }
-        var s0 = total(a0, l, sl);
-        if (NORM) {
-            s0 *= inverseSqrt(total(vec4<f32>(sq), l, sl).x / f32(p.n_cols) + p.norm_eps);
-        }
-        store4(t0, rows, s0, l);
+        store4(t0, rows, total(a0, l, sl), l);
         if (TILE > 1u && nt > 1u) {
             store4(t0 + 1u, rows, total(a1, l, sl), l);
         }

@@ -145,7 +145,6 @@ const KS1_LANES: &str = wgsl!("common/ks1_lanes.wgsl");
 const X_CHUNK: &str = wgsl!("common/x_chunk.wgsl");
 const X_NORM: &str = wgsl!("common/x_norm.wgsl");
 const X_PLAIN: &str = wgsl!("common/x_plain.wgsl");
-const MUL_MAT_MR: &str = wgsl!("ops/mul_mat_mr.wgsl");
 
 /// Kernels specialised by weight type: (name, body parts, joined in order).
 /// `mul_mat_*` are the variants of `mul_mat` (see `ops::mul_mat::Variant`).
@@ -195,22 +194,8 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             MUL_MAT_STORE,
             MUL_MAT_XS,
             X_CHUNK,
-            X_PLAIN,
             ACT,
-            MUL_MAT_MR,
-        ],
-    ),
-    (
-        "mul_mat_mrn",
-        &[
-            W_STORAGE,
-            MUL_MAT_PARAMS,
-            MUL_MAT_STORE,
-            MUL_MAT_XS,
-            X_CHUNK,
-            wgsl!("common/x_norm_storage.wgsl"),
-            ACT,
-            MUL_MAT_MR,
+            wgsl!("ops/mul_mat_mr.wgsl"),
         ],
     ),
     (

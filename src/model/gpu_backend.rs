@@ -52,25 +52,11 @@ struct PendingNorm {
     y: wgpu::Buffer,
     n: u32,
     eps: f32,
-    /// Whether a product folded it in, in every step. A norm settled with none stays as
-    /// it is: its output is read by other ops (Gemma's one-head K norm, by RoPE).
+    /// Whether a product folded it in. A norm settled with none stays as it is: its
+    /// output is read by other ops (Gemma's one-head K norm, by RoPE).
     folded: bool,
-    /// Whether a product folded it into single tokens only
-    /// (`ops::mul_mat::Fold::SingleTokens`): settled, it runs in batches only.
-    folded_single: bool,
     /// Whether a product read its output without folding it.
     unfolded: bool,
-}
-
-impl PendingNorm {
-    /// A product folded it in as `fold` says.
-    fn fold(&mut self, fold: ops::mul_mat::Fold) {
-        match fold {
-            ops::mul_mat::Fold::Every => self.folded = true,
-            ops::mul_mat::Fold::SingleTokens => self.folded_single = true,
-            ops::mul_mat::Fold::No => self.unfolded = true,
-        }
-    }
 }
 
 impl<'a> Recorder<'a> {
@@ -79,14 +65,10 @@ impl<'a> Recorder<'a> {
         let Some(p) = self.pending.take() else {
             return;
         };
-        if p.unfolded || !(p.folded || p.folded_single) {
+        if p.unfolded || !p.folded {
             return;
         }
-        let norm = self.plan.remove(p.at);
-        if p.folded_single {
-            // Batches' kernels read its output.
-            self.plan.insert(p.at, norm.in_batches_only());
-        }
+        self.plan.remove(p.at);
     }
 
     /// Whether a product of `w` reading `x` into `ys` folds the pending norm in. If it
@@ -127,15 +109,9 @@ impl<'a> Recorder<'a> {
             x: &p.x,
             w: &p.w,
             eps: p.eps,
-            out: Some(&p.y),
         };
         let d = ops::mul_mat::gpu_normed(self.ctx, self.step, w, norm, ys, rows, cols)?;
-        p.fold(ops::mul_mat::norm_fold(
-            self.ctx,
-            w.ty,
-            (w.n_rows(), w.n_cols()),
-            w.memory,
-        ));
+        p.folded = true;
         self.plan.extend(d);
         Ok(())
     }
@@ -239,7 +215,6 @@ impl Ops for Recorder<'_> {
                 n,
                 eps,
                 folded: false,
-                folded_single: false,
                 unfolded: false,
             });
         }
@@ -395,14 +370,12 @@ impl Ops for Recorder<'_> {
             true => self.pending.as_mut(),
             false => None,
         };
-        let fold = ops::mul_mat::norm_fold(self.ctx, wt.ty, (wt.n_rows(), wt.n_cols()), wt.memory);
         let norm = norm.map(|p| {
-            p.fold(fold);
+            p.folded = true;
             ops::mul_mat::Norm {
                 x: &p.x,
                 w: &p.w,
                 eps: p.eps,
-                out: Some(&p.y),
             }
         });
         let io = (x, norm);

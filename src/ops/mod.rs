@@ -105,13 +105,6 @@ impl Dispatch {
         (self.grid)(step)
     }
 
-    /// This dispatch with an empty grid in single-token steps.
-    pub fn in_batches_only(mut self) -> Dispatch {
-        let grid = std::mem::replace(&mut self.grid, Box::new(|_| [0, 1, 1]));
-        self.grid = Box::new(move |s| if s.n_tokens > 1 { grid(s) } else { [0, 1, 1] });
-        self
-    }
-
     /// This dispatch with `copies` recorded before it (outside any compute pass).
     pub fn with_copies(mut self, copies: Vec<TextureCopy>) -> Dispatch {
         self.copies = copies;

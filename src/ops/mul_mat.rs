@@ -342,13 +342,8 @@ enum Build {
     /// `Mr` with `tile` tokens per pass and `lanes` invocations per workgroup
     /// ([`mr_lanes`]). Single tokens run a tile of one: without the tile's other sums
     /// and activations, fewer registers (on an H200, a gate/up product of 2x14336 rows
-    /// went from 79 to 54 us, docs/perf.md). The single-token build may fold in the
-    /// norm before the product (`normed`, `mul_mat_mrn`).
-    Mr {
-        tile: u32,
-        lanes: (u32, bool),
-        normed: bool,
-    },
+    /// went from 79 to 54 us, docs/perf.md).
+    Mr { tile: u32, lanes: (u32, bool) },
 }
 
 /// How a `mul_mat_ks1` kernel is built.
@@ -378,12 +373,10 @@ fn kernel_pipeline(
     // Devices with few storage bindings get kernels with the one output.
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
-    let mr_normed = matches!(build, Build::Mr { normed: true, .. });
-    let normed = ks1.is_some_and(|k| k.normed) || mr_normed;
+    let normed = ks1.is_some_and(|k| k.normed);
     let int = ks1.is_some_and(|k| k.tile && v == Variant::Ks && ks1_int(ty));
     let shader = match (ks1, v) {
         (None, Variant::Mr) if matches!(build, Build::Mm) => "mul_mat_mm",
-        (None, Variant::Mr) if mr_normed => "mul_mat_mrn",
         (None, v) => v.shader(),
         (Some(k), Variant::Ks) if int && k.normed => "mul_mat_ks1in",
         (Some(_), Variant::Ks) if int => "mul_mat_ks1i",
@@ -422,7 +415,7 @@ fn kernel_pipeline(
         (Variant::Mr, _) if matches!(build, Build::Mm) => Vec::new(),
         (Variant::Mr, _) => {
             let (tile, (wg, whole)) = match build {
-                Build::Mr { tile, lanes, .. } => (tile, lanes),
+                Build::Mr { tile, lanes } => (tile, lanes),
                 _ => (MR_TILE, mr_shape(ctx)),
             };
             vec![
@@ -444,10 +437,7 @@ fn kernel_pipeline(
     if !fused {
         layout.truncate(6);
     }
-    if mr_normed {
-        // The norm's weight (common/x_norm_storage.wgsl).
-        layout.push(Binding::Read);
-    } else if normed {
+    if normed {
         // The norm's weight (common/x_norm.wgsl).
         layout.push(Binding::Uniform);
     }
@@ -530,12 +520,9 @@ struct Kernel {
     steps: Steps,
     /// Whether it is `mul_mat_mm`, whose grid has a dimension of token tiles.
     tiled: bool,
-    /// Whether it is a single-token build with the GLU store ([`Outputs::glu`]):
-    /// `mul_mat_ks1`'s or `mul_mat_mr`'s.
+    /// Whether it is `mul_mat_ks1`'s single-token build, which has the GLU store
+    /// ([`Outputs::glu`]).
     stores_glu: bool,
-    /// Whether it folds in the norm before the product ([`Norm`]): it reads the
-    /// residual stream and the norm's weight; the others read the norm's output.
-    normed: bool,
 }
 
 impl Kernel {
@@ -545,7 +532,6 @@ impl Kernel {
             steps,
             tiled: false,
             stores_glu: false,
-            normed: false,
         }
     }
 }
@@ -557,7 +543,7 @@ impl Kernel {
 /// three tokens left (`Ks`; `KsU` batches run its own tiles; for the types of
 /// [`ks1_int`], `mul_mat_ks1i` over every token of a batch). A product of the last
 /// token alone never compiles a tile build. With `normed`, both fold in the norm before
-/// the product ([`folds_norm`]); `Mr`'s single-token build alone ([`Fold::SingleTokens`]).
+/// the product ([`folds_norm`]).
 fn kernels(
     ctx: &GpuContext,
     (ty, n_rows, n_cols, memory): (GgmlType, u64, u64, WeightMemory),
@@ -566,7 +552,7 @@ fn kernels(
     normed: bool,
 ) -> Result<Vec<Kernel>> {
     if !ks1_fits(ctx, v, ty, n_cols) {
-        if normed && v != Variant::Mr {
+        if normed {
             return Err(Error::Unsupported(format!(
                 "a norm folded into a {} {ty} product of {n_cols} columns",
                 v.name()
@@ -575,25 +561,18 @@ fn kernels(
         if v == Variant::Mr {
             // Single tokens run a build without the tile's other three tokens.
             let lanes = mr_lanes(ctx, n_rows, n_cols);
-            let build = Build::Mr {
-                tile: 1,
-                lanes,
-                normed,
-            };
             let one = Kernel {
                 stores_glu: true,
-                normed,
-                ..Kernel::new(kernel_pipeline(ctx, ty, v, memory, build)?, Steps::One)
+                ..Kernel::new(
+                    kernel_pipeline(ctx, ty, v, memory, Build::Mr { tile: 1, lanes })?,
+                    Steps::One,
+                )
             };
             if cols == Columns::Last {
                 return Ok(vec![one]);
             }
-            let build = Build::Mr {
-                tile: MR_TILE,
-                lanes,
-                normed: false,
-            };
-            let whole = kernel_pipeline(ctx, ty, v, memory, build)?;
+            let tile = MR_TILE;
+            let whole = kernel_pipeline(ctx, ty, v, memory, Build::Mr { tile, lanes })?;
             if !mm_fits(ctx) {
                 return Ok(vec![one, Kernel::new(whole, Steps::Several)]);
             }
@@ -629,7 +608,6 @@ fn kernels(
         pipe: single.clone(),
         steps,
         tiled: false,
-        normed,
         stores_glu: true,
     };
     if cols == Columns::Last {
@@ -640,15 +618,11 @@ fn kernels(
         Variant::Ks => {
             let tiled = Ks1 { tile: true, ..one };
             let tiles = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(tiled))?;
-            let tiles = |steps| Kernel {
-                normed,
-                ..Kernel::new(tiles.clone(), steps)
-            };
             if ks1_int(ty) {
                 // `mul_mat_ks1i` runs every token of a batch, its last tile padded.
-                vec![single(Steps::One), tiles(Steps::Several)]
+                vec![single(Steps::One), Kernel::new(tiles, Steps::Several)]
             } else {
-                vec![single(Steps::OneOrTail), tiles(Steps::Tiles)]
+                vec![single(Steps::OneOrTail), Kernel::new(tiles, Steps::Tiles)]
             }
         }
         // `KsU` folds a norm only into products of the last token (`for_product`).
@@ -956,7 +930,7 @@ pub struct Glu<'a> {
 /// The rows of a fused gate/up product `w` (n_ff of gate, then n_ff of up) of `x`, or
 /// with `norm`, of the norm it folds in ([`gpu_normed`]), into `gate` and `up`; except
 /// that single tokens store act(gate) * up into `glu.out` themselves where the kernel
-/// running them has the GLU store (`mul_mat_ks1`, `mul_mat_mr`). Returns the dispatches and whether
+/// running them has the GLU store (`mul_mat_ks1`). Returns the dispatches and whether
 /// single tokens do: a `glu` dispatch follows for the steps they do not.
 pub fn gpu_gate_up(
     ctx: &GpuContext,
@@ -972,8 +946,8 @@ pub fn gpu_gate_up(
     let io = (&out, Some(&glu_out));
     match norm {
         Some(n) => {
-            let v = check_norm(ctx, w, n)?.variant();
-            gpu_out(ctx, v, step, w, n.x, io, Columns::All, norm)
+            check_norm(ctx, w, n)?;
+            gpu_out(ctx, Variant::Ks, step, w, n.x, io, Columns::All, norm)
         }
         None => gpu_out(ctx, variant(ctx, w.ty)?, step, w, x, io, Columns::All, None),
     }
@@ -991,77 +965,36 @@ pub struct Norm<'a> {
     /// The norm's weight, [n_cols] f32.
     pub w: &'a wgpu::Buffer,
     pub eps: f32,
-    /// The norm's own output, rms_norm(x) * w: what the kernels of a product that folds
-    /// the norm into single tokens only ([`Fold::SingleTokens`]) read in batches, where
-    /// the norm's dispatch still runs. Needed there alone.
-    pub out: Option<&'a wgpu::Buffer>,
 }
 
-/// How products fold the norm before them into their kernels ([`norm_fold`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Fold {
-    /// Not at all: the norm runs as a dispatch of its own.
-    No,
-    /// In every step (`Ks`, `mul_mat_ks1n`): the norm's dispatch can go.
-    Every,
-    /// In single-token steps (`Mr`, `mul_mat_mrn`): the norm's dispatch runs in batches
-    /// only, whose kernels read its output ([`Norm::out`]).
-    SingleTokens,
-}
-
-impl Fold {
-    /// The variant whose kernels fold it.
-    fn variant(self) -> Variant {
-        match self {
-            Fold::SingleTokens => Variant::Mr,
-            _ => Variant::Ks,
-        }
-    }
-}
-
-/// How products of rows of `n_cols` elements of `ty` held in `memory` fold the norm
-/// before them into their kernels ([`gpu_normed`]), where the device binds the norm's
-/// weight as a uniform ([`VECTOR_UNIFORM_BYTES`]):
-/// - in every step where they run `mul_mat_ks1` in the `Ks` variant, with few enough
-///   rows: every workgroup of 64 rows computes the norm again, which a separate norm's
-///   dispatch does once (Gemma 3's output head, 262144 rows, took 38-39 ms folded
-///   against 27 ms after a norm of its own on lavapipe, docs/perf.md);
-/// - in single-token steps in the `Mr` variant, whose lanes add up the squares of the
-///   activations they load anyway: on an H200 a decode step's norm took 10.5 us of
-///   its own, 65 of them in an 8B step (docs/perf.md).
-pub fn norm_fold(
+/// Whether products of rows of `n_cols` elements of `ty` held in `memory` can fold the
+/// norm before them into their kernels ([`gpu_normed`]): where they run `mul_mat_ks1`
+/// in the `Ks` variant, the device binds the norm's weight as a uniform
+/// ([`VECTOR_UNIFORM_BYTES`]), and there are few enough rows. Every workgroup of 64
+/// rows computes the norm again, which a separate norm's dispatch does once: Gemma 3's
+/// output head (262144 rows) took 38-39 ms folded against 27 ms after a norm of its own
+/// on lavapipe (docs/perf.md).
+pub fn folds_norm(
     ctx: &GpuContext,
     ty: GgmlType,
     (n_rows, n_cols): (u64, u64),
     memory: WeightMemory,
-) -> Fold {
+) -> bool {
     let v = variant(ctx, ty).and_then(|v| resolve(ctx, v, ty, n_cols, memory));
-    let uniform = ctx.fused_outputs()
+    ctx.fused_outputs()
         && ctx.limits.max_uniform_buffer_binding_size >= VECTOR_UNIFORM_BYTES
-        && n_cols * 4 <= VECTOR_UNIFORM_BYTES;
-    match v {
-        Ok(Variant::Ks)
-            if uniform && n_rows <= FOLD_MAX_ROWS && ks1_fits(ctx, Variant::Ks, ty, n_cols) =>
-        {
-            Fold::Every
-        }
-        Ok(Variant::Mr) if uniform => Fold::SingleTokens,
-        _ => Fold::No,
-    }
+        && n_cols * 4 <= VECTOR_UNIFORM_BYTES
+        && n_rows <= FOLD_MAX_ROWS
+        && matches!(v, Ok(Variant::Ks))
+        && ks1_fits(ctx, Variant::Ks, ty, n_cols)
 }
 
-/// Whether products fold the norm before them in some steps ([`norm_fold`]).
-pub fn folds_norm(ctx: &GpuContext, ty: GgmlType, shape: (u64, u64), memory: WeightMemory) -> bool {
-    norm_fold(ctx, ty, shape, memory) != Fold::No
-}
-
-/// The most rows of a `Ks` product that folds the norm before it ([`norm_fold`]).
+/// The most rows of a product that folds the norm before it ([`folds_norm`]).
 pub const FOLD_MAX_ROWS: u64 = 16384;
 
 /// ys[i] = rows `rows[i]` of W xn (one output: `ys = [y]`, `rows = [n_rows]`), where
 /// xn = rms_norm(norm.x) * norm.w is computed by the kernels themselves ([`Norm`]; only
-/// where [`folds_norm`], and where the fold is [`Fold::SingleTokens`], batches read xn
-/// from [`Norm::out`]).
+/// where [`folds_norm`]).
 pub fn gpu_normed(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
@@ -1071,28 +1004,31 @@ pub fn gpu_normed(
     rows: &[u32],
     cols: Columns,
 ) -> Result<Vec<Dispatch>> {
-    let v = check_norm(ctx, w, norm)?.variant();
+    check_norm(ctx, w, norm)?;
     let out = match ys {
         [y] => Outputs::plain(ctx, y, w.n_rows(), Store::Write),
         _ => Outputs::fused(ctx, ys, rows)?,
     };
-    Ok(gpu_out(ctx, v, step, w, norm.x, (&out, None), cols, Some(norm))?.0)
+    Ok(gpu_out(
+        ctx,
+        Variant::Ks,
+        step,
+        w,
+        norm.x,
+        (&out, None),
+        cols,
+        Some(norm),
+    )?
+    .0)
 }
 
-/// How a product of `w` folds in `norm` ([`norm_fold`], its weight bound as a uniform,
-/// and its output given where batches read it).
-fn check_norm(ctx: &GpuContext, w: &GpuTensor, norm: Norm<'_>) -> Result<Fold> {
-    let fold = norm_fold(ctx, w.ty, (w.n_rows(), w.n_cols()), w.memory);
-    if fold == Fold::No {
+/// Whether a product of `w` can fold in `norm` ([`folds_norm`], and its weight bound as
+/// a uniform).
+fn check_norm(ctx: &GpuContext, w: &GpuTensor, norm: Norm<'_>) -> Result<()> {
+    if !folds_norm(ctx, w.ty, (w.n_rows(), w.n_cols()), w.memory) {
         return Err(Error::Unsupported(format!(
             "{}: a norm folded into its product on {}",
             w.name, ctx.info.name
-        )));
-    }
-    if fold == Fold::SingleTokens && norm.out.is_none() {
-        return Err(Error::invalid(format!(
-            "{}: a norm folded into single tokens needs its output for batches",
-            w.name
         )));
     }
     let nw = norm.w;
@@ -1103,7 +1039,7 @@ fn check_norm(ctx: &GpuContext, w: &GpuTensor, norm: Norm<'_>) -> Result<Fold> {
             nw.size()
         )));
     }
-    Ok(fold)
+    Ok(())
 }
 
 /// Where a dispatch's products go: up to three buffers and the rows of each.
@@ -1226,16 +1162,6 @@ fn gpu_out(
     runs.push((v, (0, u32::MAX), ks));
     for (v, toks, ks) in runs {
         for k in ks {
-            // Kernels that do not fold the norm read its output.
-            let (x, norm) = match norm {
-                Some(n) if !k.normed => {
-                    let out = n.out.ok_or_else(|| {
-                        Error::invalid(format!("{}: a norm's output for batches", w.name))
-                    })?;
-                    (out, None)
-                }
-                n => (x, n),
-            };
             let mut parts = |steps: Steps, out: &Outputs<'_>| {
                 let on = move |s: &StepInfo| steps.admits(s, cols);
                 let io = (x, out, norm);
