@@ -3,10 +3,12 @@
 # each step under its own time limit so that one slow step cannot eat the rest:
 #   1. the adapters, and the device's read peak over every probe;
 #   2. every quantized matvec (batch 1) over real model shapes, checked, then timed
-#      against the peak, and the fastest correct variant per type saved for the adapter;
+#      against the peak (with SAVE=1, the fastest correct variant per type saved for
+#      the adapter, which the model runs then use instead of the defaults);
 #   3. pp/tg of the real models in models/ when present, else of synthetic 1B- and
-#      8B-shaped Q4_K_M files written here, beside llama.cpp's llama-bench on the same
-#      file when LLAMA_BENCH names one (its libraries beside it);
+#      8B-shaped Q4_K_M files written here, with where the host's time goes, beside
+#      llama.cpp's llama-bench on the same file when LLAMA_BENCH names one (its
+#      libraries beside it); then each model's decode step per kernel (WGLLM_PROFILE);
 #   4. the batch-1 products again, eight to a timed pass (`--per-pass`);
 #   5. weight upload against the device's write bandwidth;
 #   6. the prompt kernels (batch 16 and 64).
@@ -56,8 +58,12 @@ step() {
 step "Adapters" 30 "$BIN/wgllm" devices
 command -v nvidia-smi >/dev/null && step "nvidia-smi" 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv
 step "Read peak, every probe" 60 "$B" peak --all --mib "$COLD_MIB"
+# A tuning file chosen from single products alone would override what they do not
+# show: the tiled product in batches, the GLU store of single tokens.
+SAVE_FLAG=()
+[ "${SAVE:-0}" = 1 ] && SAVE_FLAG=(--save)
 step "Quantized matvecs, batch 1" 120 "$B" kernels --full --batch 1 --reps 10 \
-  --cold-mib "$COLD_MIB" --type "$TYPES" --save
+  --cold-mib "$COLD_MIB" --type "$TYPES" "${SAVE_FLAG[@]}"
 
 models=(models/*.gguf)
 if [ ! -f "${models[0]}" ]; then
@@ -70,11 +76,18 @@ if [ ! -f "${models[0]}" ]; then
 fi
 for m in "${models[@]}"; do
   name=$(basename "$m" .gguf)
-  step "wgllm: $name" 75 "$B" model -m "$m" -p 512 -n 128 -r 3
+  # The host's times and the profile are printed on stderr: into the report too.
+  step "wgllm: $name" 75 env WGLLM_HOST_TIMES=1 bash -c '"$0" "$@" 2>&1' \
+    "$B" model -m "$m" -p 512 -n 128 -r 3
   if [ -n "${LLAMA_BENCH:-}" ]; then
     step "llama.cpp: $name" 75 env LD_LIBRARY_PATH="$(dirname "$LLAMA_BENCH"):${LD_LIBRARY_PATH:-}" \
       "$LLAMA_BENCH" -m "$m" -ngl 99 -p 512 -n 128 -r 3
   fi
+done
+# Each dispatch in a timed pass of its own: shares, not speed.
+for m in "${models[@]}"; do
+  step "wgllm decode step per kernel: $(basename "$m" .gguf)" 45 env WGLLM_PROFILE=1 \
+    bash -c '"$0" "$@" 2>&1' "$B" model -m "$m" -p 0 -n 16 -r 1
 done
 
 # The same products eight to a timed pass: the per-pass cost (25-28 us on an H200,
