@@ -249,6 +249,29 @@ fn gemma3_gpu_weights_in_textures() {
     );
 }
 
+/// The kernels GPUs run by default (`mr`: single tokens in its build without tiles,
+/// with the GLU store; prompts of 16 tokens or more in the tiled product), on the
+/// first adapter.
+fn gpu_kernels() -> DeviceOptions {
+    DeviceOptions {
+        device: Some("0".into()),
+        mul_mat: Some("mr".into()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn smollm2_gpu_kernels() {
+    common::contexts();
+    check_model_on(SMOL.0, SMOL.1, None, gpu_kernels(), "SmolLM2 GPU, mr");
+}
+
+#[test]
+fn gemma3_gpu_kernels() {
+    common::contexts();
+    check_model_on(GEMMA.0, GEMMA.1, None, gpu_kernels(), "Gemma 3 GPU, mr");
+}
+
 #[test]
 fn smollm2_cpu() {
     check_model(SMOL.0, SMOL.1, Some(0), "SmolLM2 CPU");

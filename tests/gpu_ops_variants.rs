@@ -431,7 +431,7 @@ fn gate_up_stores_the_activation() {
     assert!(!cpu_vulkan || stored_somewhere, "no adapter stored a GLU");
 }
 
-/// The device's contexts with `mr` tuned for every type, as a GPU runs it: its lanes
+/// The device's contexts running `mr` for every type, as a GPU does: its lanes
 /// one subgroup where the size is fixed, and (`tree`) reduced in workgroup memory.
 fn mr_contexts(tree: bool) -> Vec<GpuContext> {
     contexts()
@@ -440,15 +440,10 @@ fn mr_contexts(tree: bool) -> Vec<GpuContext> {
         .map(|c| {
             let opts = DeviceOptions {
                 workgroup_reductions: tree,
+                mul_mat: Some("mr".into()),
                 ..Default::default()
             };
-            let mut ctx = GpuContext::from_adapter(c.adapter.clone(), &opts).expect("context");
-            for ty in GPU_TYPES {
-                ctx.tuned
-                    .mul_mat
-                    .insert(ty.name().to_string(), "mr".to_string());
-            }
-            ctx
+            GpuContext::from_adapter(c.adapter.clone(), &opts).expect("context")
         })
         .collect()
 }

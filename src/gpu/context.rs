@@ -29,6 +29,10 @@ pub struct DeviceOptions {
     /// Add up reductions through workgroup memory even where one subgroup could alone
     /// (`ops::mul_mat::mr_shape`; tests run both paths on one adapter).
     pub workgroup_reductions: bool,
+    /// Run this mul_mat variant (an `ops::mul_mat::Variant` name) for every weight
+    /// type, whatever `WGLLM_MUL_MAT` and the tuning file say (tests run a GPU's
+    /// kernels on any adapter).
+    pub mul_mat: Option<String>,
 }
 
 /// Environment variable holding every weight matrix in `buffer`s or `texture`s,
@@ -120,6 +124,8 @@ pub struct GpuContext {
     pub has_timestamps: bool,
     /// [`DeviceOptions::workgroup_reductions`].
     pub workgroup_reductions: bool,
+    /// [`DeviceOptions::mul_mat`].
+    pub forced_mul_mat: Option<String>,
     /// Kernel variants measured fastest on this adapter (`wgllm-bench kernels --save`).
     pub tuned: super::tuning::Choices,
     pub pipelines: super::pipelines::PipelineCache,
@@ -342,6 +348,7 @@ impl GpuContext {
             has_subgroups,
             has_timestamps,
             workgroup_reductions: opts.workgroup_reductions,
+            forced_mul_mat: opts.mul_mat.clone(),
             tuned,
             pipelines: Default::default(),
             binding_cap: opts.max_binding,

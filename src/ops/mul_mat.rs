@@ -68,7 +68,8 @@ pub enum Variant {
     KsU,
     /// `mul_mat_mr.wgsl`: four rows per workgroup, coalesced block reads, each
     /// activation chunk loaded once for the four, reduced with `subgroupAdd` (needs
-    /// subgroups; for GPUs).
+    /// subgroups; for GPUs). Batches of [`MM_MIN`] tokens or more run the tiled
+    /// product `mul_mat_mm.wgsl` where the device allows it ([`mm_fits`]).
     Mr,
 }
 
@@ -131,23 +132,25 @@ impl Variant {
 /// Environment variable that overrides the per-device choice (a [`Variant::name`]).
 pub const VARIANT_ENV: &str = "WGLLM_MUL_MAT";
 
-/// The variant `mul_mat::gpu` uses for weights of `ty` on `ctx`: `WGLLM_MUL_MAT` if
-/// set, else the one measured fastest on this adapter ([`tuned_variant`]), else
-/// [`default_variant`].
+/// The variant `mul_mat::gpu` uses for weights of `ty` on `ctx`: the context's
+/// (`DeviceOptions::mul_mat`) if set, else `WGLLM_MUL_MAT` if set, else the one measured
+/// fastest on this adapter ([`tuned_variant`]), else [`default_variant`].
 pub fn variant(ctx: &GpuContext, ty: GgmlType) -> Result<Variant> {
-    let Ok(want) = std::env::var(VARIANT_ENV) else {
-        return Ok(tuned_variant(ctx, ty).unwrap_or_else(|| default_variant(ctx)));
+    let (source, want) = match (&ctx.forced_mul_mat, std::env::var(VARIANT_ENV)) {
+        (Some(v), _) => ("the device options' mul_mat", v.clone()),
+        (None, Ok(v)) => (VARIANT_ENV, v),
+        (None, Err(_)) => return Ok(tuned_variant(ctx, ty).unwrap_or_else(|| default_variant(ctx))),
     };
     let v = Variant::parse(&want).ok_or_else(|| {
         let names: Vec<&str> = Variant::ALL.iter().map(|v| v.name()).collect();
         Error::invalid(format!(
-            "{VARIANT_ENV}={want:?}: expected one of {}",
+            "{source}={want:?}: expected one of {}",
             names.join(", ")
         ))
     })?;
     if !v.available(ctx) {
         return Err(Error::Unsupported(format!(
-            "{VARIANT_ENV}={want}: {} has no subgroup support",
+            "{source}={want}: {} has no subgroup support",
             ctx.info.name
         )));
     }
@@ -520,8 +523,8 @@ struct Kernel {
     steps: Steps,
     /// Whether it is `mul_mat_mm`, whose grid has a dimension of token tiles.
     tiled: bool,
-    /// Whether it is `mul_mat_ks1`'s single-token build, which has the GLU store
-    /// ([`Outputs::glu`]).
+    /// Whether it is a single-token build with the GLU store ([`Outputs::glu`]):
+    /// `mul_mat_ks1`'s or `mul_mat_mr`'s.
     stores_glu: bool,
 }
 
@@ -930,7 +933,7 @@ pub struct Glu<'a> {
 /// The rows of a fused gate/up product `w` (n_ff of gate, then n_ff of up) of `x`, or
 /// with `norm`, of the norm it folds in ([`gpu_normed`]), into `gate` and `up`; except
 /// that single tokens store act(gate) * up into `glu.out` themselves where the kernel
-/// running them has the GLU store (`mul_mat_ks1`). Returns the dispatches and whether
+/// running them has the GLU store (`mul_mat_ks1`, `mul_mat_mr`). Returns the dispatches and whether
 /// single tokens do: a `glu` dispatch follows for the steps they do not.
 pub fn gpu_gate_up(
     ctx: &GpuContext,
