@@ -803,46 +803,57 @@ fn mr_reduces_in_workgroup_memory_too() {
     }
 }
 
-/// Batches of `mul_mat::MM_MIN` tokens or more, which `mr` runs as the tiled product
-/// (`mul_mat_mm`) where the device allows its workgroup: every type; rows, tokens and
-/// chunks that leave partial tiles (an odd number of chunks leaves half a step), the
-/// smallest such batch, a product added to its output, fused outputs; weights in
-/// buffers and in textures.
+/// Batches of `mul_mat::MM_MIN` tokens or more, which `mr`, `wg` and `sg` run as the
+/// tiled product (`mul_mat_mm`) where the device allows its workgroup: every type;
+/// rows, tokens and chunks that leave partial tiles (an odd number of chunks leaves
+/// half a step), the smallest such batch, a product added to its output, fused
+/// outputs; weights in buffers and in textures, and on adapters without subgroups
+/// (GL here) through `wg`.
 #[test]
-fn mr_tiles_batches() {
+fn batches_run_tiled() {
     let mut ran = 0;
     for ctx in buffer_contexts().iter().chain(texture_contexts()) {
-        if !Variant::Mr.available(ctx) || !mul_mat::mm_fits(ctx) {
+        if !mul_mat::mm_fits(ctx) {
             continue;
         }
-        ran += 1;
-        let min = mul_mat::MM_MIN as usize;
-        for ty in GPU_TYPES {
-            let bs = ty.block_size();
-            for (rows, cols, toks) in [
-                (67, 96usize, min),
-                (130, 256, 70),
-                (1, 64, 17),
-                (64, 576, 64),
-            ] {
-                let cols = cols.next_multiple_of(bs);
-                check(ctx, Variant::Mr, ty, rows, cols, toks, Columns::All);
-            }
-            let shape = (ty, 65, 512usize.next_multiple_of(bs));
-            check_x(
-                ctx,
-                Variant::Mr,
-                shape,
-                33,
-                Columns::All,
-                Store::Add,
-                XBuffer::Storage,
-            );
+        let tiled = [Variant::Mr, Variant::Wg, Variant::Sg];
+        for v in tiled.into_iter().filter(|v| v.available(ctx)) {
+            ran += 1;
+            check_tiled(ctx, v);
         }
-        check_fused(ctx, Variant::Mr, GgmlType::Q4_K, &[70, 33, 33], 512, 40);
-        check_fused(ctx, Variant::Mr, GgmlType::Q8_0, &[65, 65], 640, min);
     }
     assert!(ran > 0, "no adapter ran the tiled product");
+}
+
+/// One [`batches_run_tiled`] adapter and variant.
+fn check_tiled(ctx: &GpuContext, v: Variant) {
+    let min = mul_mat::MM_MIN as usize;
+    for ty in GPU_TYPES {
+        let bs = ty.block_size();
+        for (rows, cols, toks) in [
+            (67, 96usize, min),
+            (130, 256, 70),
+            (1, 64, 17),
+            (64, 576, 64),
+        ] {
+            let cols = cols.next_multiple_of(bs);
+            check(ctx, v, ty, rows, cols, toks, Columns::All);
+        }
+        let shape = (ty, 65, 512usize.next_multiple_of(bs));
+        check_x(
+            ctx,
+            v,
+            shape,
+            33,
+            Columns::All,
+            Store::Add,
+            XBuffer::Storage,
+        );
+    }
+    if ctx.fused_outputs() {
+        check_fused(ctx, v, GgmlType::Q4_K, &[70, 33, 33], 512, 40);
+        check_fused(ctx, v, GgmlType::Q8_0, &[65, 65], 640, min);
+    }
 }
 
 #[test]

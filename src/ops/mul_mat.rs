@@ -54,7 +54,8 @@ pub enum Variant {
     /// planar ([`crate::gpu::layout`]) have no runs of whole blocks and run as `Row`.
     WinU,
     /// `mul_mat_wg.wgsl`: one workgroup per row, coalesced block reads, reduction in
-    /// workgroup memory (portable).
+    /// workgroup memory (portable). Batches of [`MM_MIN`] tokens or more run the tiled
+    /// product `mul_mat_mm.wgsl` where the device allows it ([`mm_fits`]).
     Wg,
     /// `mul_mat_sg.wgsl`: as `Wg`, reduced with `subgroupAdd` (needs subgroups).
     Sg,
@@ -339,8 +340,8 @@ enum Build {
     Untiled,
     /// `mul_mat_ks1` (`Ks` and `KsU` only).
     Ks1(Ks1),
-    /// `mul_mat_mm`, the tiled product `Mr` runs batches of [`MM_MIN`] tokens or more
-    /// on ([`mm_fits`]).
+    /// `mul_mat_mm`, the tiled product `Mr`, `Wg` and `Sg` run batches of [`MM_MIN`]
+    /// tokens or more on ([`mm_fits`]).
     Mm,
     /// `Mr` with `tile` tokens per pass and `lanes` invocations per workgroup
     /// ([`mr_lanes`]). Single tokens run a tile of one: without the tile's other sums
@@ -379,7 +380,7 @@ fn kernel_pipeline(
     let normed = ks1.is_some_and(|k| k.normed);
     let int = ks1.is_some_and(|k| k.tile && v == Variant::Ks && ks1_int(ty));
     let shader = match (ks1, v) {
-        (None, Variant::Mr) if matches!(build, Build::Mm) => "mul_mat_mm",
+        (None, _) if matches!(build, Build::Mm) => "mul_mat_mm",
         (None, v) => v.shader(),
         (Some(k), Variant::Ks) if int && k.normed => "mul_mat_ks1in",
         (Some(_), Variant::Ks) if int => "mul_mat_ks1i",
@@ -410,12 +411,12 @@ fn kernel_pipeline(
             }
             c
         }
+        _ if matches!(build, Build::Mm) => Vec::new(),
         (Variant::Row, _) => vec![("WG", WG as f64)],
         (Variant::Win | Variant::WinU, _) => {
             vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
         }
         (Variant::Wg | Variant::Sg, _) => vec![("WG", ROW_WG as f64)],
-        (Variant::Mr, _) if matches!(build, Build::Mm) => Vec::new(),
         (Variant::Mr, _) => {
             let (tile, (wg, whole)) = match build {
                 Build::Mr { tile, lanes } => (tile, lanes),
@@ -478,6 +479,8 @@ enum Steps {
     OneOrTail,
     /// Those with several output tokens, fewer than [`MM_MIN`].
     SeveralBelowMm,
+    /// Those with one output token or fewer than [`MM_MIN`].
+    BelowMm,
     /// Those with at least [`MM_MIN`] (`mul_mat_mm`).
     Mm,
 }
@@ -490,6 +493,7 @@ impl Steps {
             Steps::Every => Some(Steps::Several),
             Steps::OneOrTail => Some(Steps::Tail),
             Steps::Few => Some(Steps::FewSeveral),
+            Steps::BelowMm => Some(Steps::SeveralBelowMm),
             s => Some(s),
         }
     }
@@ -512,6 +516,7 @@ impl Steps {
             Steps::Tail => !one && s.n_tokens % KS1_TILE != 0,
             Steps::FewSeveral => !one && s.n_tokens < KS_TILE_MIN,
             Steps::SeveralBelowMm => !one && s.n_tokens < MM_MIN,
+            Steps::BelowMm => one || s.n_tokens < MM_MIN,
             Steps::Mm => !one && s.n_tokens >= MM_MIN,
         }
     }
@@ -579,17 +584,19 @@ fn kernels(
             if !mm_fits(ctx) {
                 return Ok(vec![one, Kernel::new(whole, Steps::Several)]);
             }
-            let mm = Kernel {
-                tiled: true,
-                ..Kernel::new(kernel_pipeline(ctx, ty, v, memory, Build::Mm)?, Steps::Mm)
-            };
+            let mm = mm_kernel(ctx, ty, v, memory)?;
             return Ok(vec![one, Kernel::new(whole, Steps::SeveralBelowMm), mm]);
         }
+        let whole = || pipeline(ctx, ty, v, memory);
+        if matches!(v, Variant::Wg | Variant::Sg) && cols == Columns::All && mm_fits(ctx) {
+            // A row per workgroup reads the row once per token: batches run tiled.
+            return Ok(vec![
+                Kernel::new(whole()?, Steps::BelowMm),
+                mm_kernel(ctx, ty, v, memory)?,
+            ]);
+        }
         if !matches!(v, Variant::Ks | Variant::KsU) {
-            return Ok(vec![Kernel::new(
-                pipeline(ctx, ty, v, memory)?,
-                Steps::Every,
-            )]);
+            return Ok(vec![Kernel::new(whole()?, Steps::Every)]);
         }
         let untiled = kernel_pipeline(ctx, ty, v, memory, Build::Untiled)?;
         if cols == Columns::Last {
@@ -639,6 +646,14 @@ fn kernels(
             single(Steps::One),
             Kernel::new(pipeline(ctx, ty, v, memory)?, Steps::Several),
         ],
+    })
+}
+
+/// `mul_mat_mm` for the batches of [`MM_MIN`] tokens or more of a `v` product.
+fn mm_kernel(ctx: &GpuContext, ty: GgmlType, v: Variant, memory: WeightMemory) -> Result<Kernel> {
+    Ok(Kernel {
+        tiled: true,
+        ..Kernel::new(kernel_pipeline(ctx, ty, v, memory, Build::Mm)?, Steps::Mm)
     })
 }
 
