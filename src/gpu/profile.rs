@@ -31,8 +31,7 @@ pub struct Profiler {
 impl Profiler {
     /// A profiler when `WGLLM_PROFILE` is set and the device has timestamp queries.
     pub fn from_env(ctx: &GpuContext, max_dispatches: usize) -> Option<Profiler> {
-        let on = std::env::var(PROFILE_ENV).is_ok_and(|v| v != "0" && !v.is_empty());
-        if !on {
+        if !env_on(PROFILE_ENV) {
             return None;
         }
         if !ctx.has_timestamps {
@@ -159,6 +158,11 @@ impl Profiler {
     }
 }
 
+/// Whether the environment variable `name` is set to something other than "" or "0".
+fn env_on(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v != "0" && !v.is_empty())
+}
+
 /// `label` with every run of digits replaced by `N`, so a kernel's layers add up.
 fn layer_free(label: &str) -> String {
     let mut out = String::with_capacity(label.len());
@@ -210,9 +214,7 @@ pub struct StepPhases {
 impl HostTimes {
     /// Host timing when `WGLLM_HOST_TIMES` is set.
     pub fn from_env() -> Option<HostTimes> {
-        std::env::var(HOST_TIMES_ENV)
-            .is_ok_and(|v| v != "0" && !v.is_empty())
-            .then(HostTimes::default)
+        env_on(HOST_TIMES_ENV).then(HostTimes::default)
     }
 
     /// Add a step of `n_tokens`.

@@ -707,6 +707,7 @@ impl GpuModel {
             None
         };
         let readback = Readback::new(&ctx, act_bytes(c.n_vocab.max(c.n_embd * max_batch), 1));
+        let submit_every = submit_every(&ctx)?;
         let mut m = GpuModel {
             body: Vec::new(),
             last: (Vec::new(), logits_last),
@@ -730,7 +731,7 @@ impl GpuModel {
             head: opts.head,
             profiler: None,
             host_times: crate::gpu::profile::HostTimes::from_env(),
-            submit_every: 0,
+            submit_every,
         };
         m.body = m.record(|r, m| {
             if m.layers.start == 0 {
@@ -746,7 +747,6 @@ impl GpuModel {
         if m.head {
             m.last.0 = m.record(|r, m| m.record_head(r, &m.last.1, Columns::Last))?;
         }
-        m.submit_every = submit_every(&m.ctx)?;
         let n_dispatch = m.body.len() + m.last.0.len();
         m.profiler = crate::gpu::profile::Profiler::from_env(&m.ctx, n_dispatch);
         Ok(m)

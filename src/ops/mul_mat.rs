@@ -1150,11 +1150,8 @@ fn gpu_out(
         let plan = gpu_uniform_x(ctx, v, step, w, (x, norm), out, cols, per_xu)?;
         return Ok((plan, false));
     }
-    // The GLU store reads gate and up from one part; `mul_mat_ks1` walks its rows in
-    // blocks of a subgroup's lanes, `mr` in pairs.
-    let glu = glu.filter(|g| {
-        w.parts.len() == 1 && (v == Variant::Mr || g.y_stride % ctx.subgroup_min_size.max(1) == 0)
-    });
+    // The GLU store reads gate and up from one part.
+    let glu = glu.filter(|g| w.parts.len() == 1 && glu_rows_fit(ctx, v, g.y_stride));
     let mut plan = Vec::new();
     let mut glu_stored = false;
     let shape = (w.ty, w.n_rows(), w.n_cols(), w.memory);
@@ -1202,6 +1199,12 @@ fn gpu_out(
         }
     }
     Ok((plan, glu_stored))
+}
+
+/// Whether `v`'s single-token build stores the GLU of `n_ff` gate rows: `mul_mat_ks1`
+/// walks the rows in blocks of a subgroup's lanes, `mr` in pairs of any number.
+fn glu_rows_fit(ctx: &GpuContext, v: Variant, n_ff: u32) -> bool {
+    v == Variant::Mr || n_ff % ctx.subgroup_min_size.max(1) == 0
 }
 
 /// One dispatch per part of W with `pipe` (variant `v`), reading activations from `x`
