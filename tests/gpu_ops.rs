@@ -725,7 +725,7 @@ fn readback_waits_spinning_or_blocking() {
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
                 for d in &adds {
-                    d.record(&mut pass, &step);
+                    d.record(&mut pass, &step).expect("record");
                 }
             }
             rb.record(&mut enc, &y, 0, 4 * n as u64).expect("record");

@@ -856,6 +856,72 @@ fn check_tiled(ctx: &GpuContext, v: Variant) {
     }
 }
 
+/// Batches that `ks` runs through `mul_mat_ks1i` in tiles of eight (the integer-dotted
+/// types, from `mul_mat::KS1I_EIGHT_MIN` tokens), their pipelines compiled on first use:
+/// three and six chunks per lane, a last tile whose second four tokens are all padding
+/// (66) or hold one token (69), whole tiles (the least such batch), and tiles of four
+/// just below it; into a residual stream, into fused outputs, with the norm folded in.
+#[test]
+fn ks1i_tiles_of_eight() {
+    let mut ran = 0;
+    let min = mul_mat::KS1I_EIGHT_MIN as usize;
+    for ctx in contexts() {
+        if !Variant::Ks.available(ctx) {
+            continue;
+        }
+        ran += 1;
+        for ty in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+        ] {
+            for (rows, cols, toks) in [
+                (67, 1536, 66),
+                (33, 576, 69),
+                (33, 576, min),
+                (33, 576, min - 1),
+            ] {
+                check(ctx, Variant::Ks, ty, rows, cols, toks, Columns::All);
+            }
+        }
+        let add = (GgmlType::Q4_1, 67, 576);
+        check_x(
+            ctx,
+            Variant::Ks,
+            add,
+            min + 3,
+            Columns::All,
+            Store::Add,
+            XBuffer::Storage,
+        );
+        check_fused(
+            ctx,
+            Variant::Ks,
+            GgmlType::Q5_0,
+            &[70, 33, 33],
+            576,
+            min + 6,
+        );
+        if mul_mat::folds_norm(
+            ctx,
+            GgmlType::Q4_1,
+            (70, 576),
+            ctx.matrix_memory(GgmlType::Q4_1),
+        ) {
+            check_normed(
+                ctx,
+                GgmlType::Q4_1,
+                &[70, 33, 33],
+                576,
+                min + 1,
+                Columns::All,
+            );
+        }
+    }
+    assert!(ran > 0, "no adapter ran ks");
+}
+
 #[test]
 fn window_fits_the_private_array() {
     for ty in GPU_TYPES {

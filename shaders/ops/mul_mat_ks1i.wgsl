@@ -1,6 +1,6 @@
 // mul_mat for batches on the types whose chunks pack two rows into 32-bit integer
 // products (Q4_0, Q4_1, Q5_0, Q5_1; common/quant/pairs.wgsl): `mul_mat_ks1`'s tiles of
-// four tokens, with integer dot products. Each lane quantizes its slots of the four
+// four tokens (or eight, `TILE` below), with integer dot products. Each lane quantizes its slots of the four
 // tokens' activations to 8 bits per chunk of 32, as ggml's Q8_0 / Q8_1 do for these
 // types on the CPU (scale absmax / 127 kept as an f16, the sum of the quants times the
 // scale for the offset term), and walks the rows two at a time: one multiply and one
@@ -90,6 +90,14 @@ fn qslot4(first: u32, tt: vec4<u32>, k: u32, l: u32, n_chunks: u32, inv: vec4<f3
     );
 }
 
+// Tokens per tile: 4, or 8 (the host picks per batch, `ops::mul_mat::ks1i_eight`).
+// The lines between `@begin tile8` and `@end tile8` are the tiles of eight's, those
+// between `@begin tile4` and `@end tile4` the tiles of four's; the host drops the other
+// build's (`gpu::shaders::keep_regions`), as lavapipe's time to create a pipeline
+// grows with its source, dead branches included (docs/perf.md). With both (the file
+// as it stands) the kernel is valid and runs both.
+override TILE: u32 = 4u;
+
 // The four tokens' sums of rows A and B.
 struct Pair4 {
     a: vec4<f32>,
@@ -100,10 +108,9 @@ fn add4(u: Pair4, v: Pair4) -> Pair4 {
     return Pair4(u.a + v.a, u.b + v.b);
 }
 
-// Rows `rb_a` and `rb_b`'s chunk in slot s, unpacked once, dotted with the four
-// tokens': d_w d_x (sum q a + PAIR_OFF sum a) + m_w s_x per row and token.
-fn qslot4_dot(rb_a: u32, rb_b: u32, s: QSlot4) -> Pair4 {
-    let w = pair_chunk(rb_a, rb_b, s.c);
+// The unpacked chunk `w` of rows A and B dotted with four tokens' slot s:
+// d_w d_x (sum q a + PAIR_OFF sum a) + m_w s_x per row and token.
+fn pair4_dot(w: PairChunk, s: QSlot4) -> Pair4 {
     let f0 = pair_dot(w.q, s.a0);
     let f1 = pair_dot(w.q, s.a1);
     let f2 = pair_dot(w.q, s.a2);
@@ -115,6 +122,12 @@ fn qslot4_dot(rb_a: u32, rb_b: u32, s: QSlot4) -> Pair4 {
         (vec4<f32>(f0.x, f1.x, f2.x, f3.x) + off) * sd * w.dm.x + ss * w.dm.y,
         (vec4<f32>(f0.y, f1.y, f2.y, f3.y) + off) * sd * w.dm.z + ss * w.dm.w,
     );
+}
+
+// @begin tile4
+// Rows `rb_a` and `rb_b`'s chunk in slot s, unpacked once, dotted with the four tokens'.
+fn qslot4_dot(rb_a: u32, rb_b: u32, s: QSlot4) -> Pair4 {
+    return pair4_dot(pair_chunk(rb_a, rb_b, s.c), s);
 }
 
 // Rows `rb_a` and `rb_b` dotted with a lane's slots (the `@slot k` lines as in
@@ -137,6 +150,73 @@ fn rows_dot4(
     v = add4(v, qslot4_dot(rb_a, rb_b, s5)); // @slot 5
     return v;
 }
+// @end tile4
+
+// @begin tile8
+// A tile of eight's sums of rows A and B: tokens 0 .. 3 in `lo`, 4 .. 7 in `hi`.
+struct Pair8 {
+    lo: Pair4,
+    hi: Pair4,
+}
+
+fn add8(u: Pair8, v: Pair8) -> Pair8 {
+    return Pair8(add4(u.lo, v.lo), add4(u.hi, v.hi));
+}
+
+// Rows `rb_a` and `rb_b`'s chunk in slot s, unpacked once, dotted with the first four
+// tokens' (s) and the next four's (u).
+fn qslot8_dot(rb_a: u32, rb_b: u32, s: QSlot4, u: QSlot4) -> Pair8 {
+    let w = pair_chunk(rb_a, rb_b, s.c);
+    return Pair8(pair4_dot(w, s), pair4_dot(w, u));
+}
+
+// `rows_dot4` for tiles of eight.
+fn rows_dot8(
+    rb_a: u32,
+    rb_b: u32,
+    s0: QSlot4,
+    s1: QSlot4, // @slot 1
+    s2: QSlot4, // @slot 2
+    s3: QSlot4, // @slot 3
+    s4: QSlot4, // @slot 4
+    s5: QSlot4, // @slot 5
+    u0: QSlot4,
+    u1: QSlot4, // @slot 1
+    u2: QSlot4, // @slot 2
+    u3: QSlot4, // @slot 3
+    u4: QSlot4, // @slot 4
+    u5: QSlot4, // @slot 5
+) -> Pair8 {
+    var v = qslot8_dot(rb_a, rb_b, s0, u0);
+    v = add8(v, qslot8_dot(rb_a, rb_b, s1, u1)); // @slot 1
+    v = add8(v, qslot8_dot(rb_a, rb_b, s2, u2)); // @slot 2
+    v = add8(v, qslot8_dot(rb_a, rb_b, s3, u3)); // @slot 3
+    v = add8(v, qslot8_dot(rb_a, rb_b, s4, u4)); // @slot 4
+    v = add8(v, qslot8_dot(rb_a, rb_b, s5, u5)); // @slot 5
+    return v;
+}
+// @end tile8
+
+// The four tokens `tt`'s 1 / rms with NORM (1 without).
+fn norm_inv4(first: u32, tt: vec4<u32>, l: u32, n_chunks: u32) -> vec4<f32> {
+    return vec4<f32>(
+        norm_inv(first, tt.x, l, n_chunks),
+        norm_inv(first, tt.y, l, n_chunks),
+        norm_inv(first, tt.z, l, n_chunks),
+        norm_inv(first, tt.w, l, n_chunks),
+    );
+}
+
+// Row r's sums of tokens t .. t + 3 (`v`) stored, those from n_out on dropped.
+fn store4(t: u32, n_out: u32, r: u32, v: vec4<f32>) {
+    if (t >= n_out) {
+        return;
+    }
+    store_out(t, r, v.x);
+    for (var k = 1u; k < min(4u, n_out - t); k++) {
+        store_out(t + k, r, v[k]);
+    }
+}
 
 @compute @workgroup_size(WG)
 fn main(
@@ -155,27 +235,37 @@ fn main(
     let first = w.first;
     let n_out = w.n_out;
     let out0 = p.row0 + r0;
-    for (var t = p.tok0; t < n_out; t += 4u) {
-        let tt = min(vec4<u32>(t) + vec4<u32>(0u, 1u, 2u, 3u), vec4<u32>(n_out - 1u));
-        let inv = vec4<f32>(
-            norm_inv(first, tt.x, l, n_chunks),
-            norm_inv(first, tt.y, l, n_chunks),
-            norm_inv(first, tt.z, l, n_chunks),
-            norm_inv(first, tt.w, l, n_chunks),
-        );
+    let lanes = vec4<u32>(0u, 1u, 2u, 3u);
+    for (var t = p.tok0; t < n_out; t += TILE) {
+        let tt = min(vec4<u32>(t) + lanes, vec4<u32>(n_out - 1u));
+        let inv = norm_inv4(first, tt, l, n_chunks);
         let s0 = qslot4(first, tt, 0u, l, n_chunks, inv);
         let s1 = qslot4(first, tt, 1u, l, n_chunks, inv); // @slot 1
         let s2 = qslot4(first, tt, 2u, l, n_chunks, inv); // @slot 2
         let s3 = qslot4(first, tt, 3u, l, n_chunks, inv); // @slot 3
         let s4 = qslot4(first, tt, 4u, l, n_chunks, inv); // @slot 4
         let s5 = qslot4(first, tt, 5u, l, n_chunks, inv); // @slot 5
+        // @begin tile8
+        let tu = min(vec4<u32>(t + 4u) + lanes, vec4<u32>(n_out - 1u));
+        let inv_u = norm_inv4(first, tu, l, n_chunks);
+        let u0 = qslot4(first, tu, 0u, l, n_chunks, inv_u);
+        let u1 = qslot4(first, tu, 1u, l, n_chunks, inv_u); // @slot 1
+        let u2 = qslot4(first, tu, 2u, l, n_chunks, inv_u); // @slot 2
+        let u3 = qslot4(first, tu, 3u, l, n_chunks, inv_u); // @slot 3
+        let u4 = qslot4(first, tu, 4u, l, n_chunks, inv_u); // @slot 4
+        let u5 = qslot4(first, tu, 5u, l, n_chunks, inv_u); // @slot 5
+        // @end tile8
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = vec4<f32>();
+            // @begin tile8
+            var mine_hi = vec4<f32>();
+            // @end tile8
             // Pairs of rows; a lone last row is paired with itself and its copy dropped
             // (WG is even, so lane j + 1 exists).
             for (var j = 0u; j < min(WG, nr - i0); j += 2u) {
                 let ra = r0 + i0 + j;
                 let rb = min(ra + 1u, r0 + nr - 1u);
+                // @begin tile4
                 let v = rows_dot4(
                     ra * p.row_bytes,
                     rb * p.row_bytes,
@@ -188,13 +278,36 @@ fn main(
                 );
                 mine = select(mine, lane_sum4(v.a), l == j);
                 mine = select(mine, lane_sum4(v.b), l == j + 1u);
+                // @end tile4
+                // @begin tile8
+                let v8 = rows_dot8(
+                    ra * p.row_bytes,
+                    rb * p.row_bytes,
+                    s0,
+                    s1, // @slot 1
+                    s2, // @slot 2
+                    s3, // @slot 3
+                    s4, // @slot 4
+                    s5, // @slot 5
+                    u0,
+                    u1, // @slot 1
+                    u2, // @slot 2
+                    u3, // @slot 3
+                    u4, // @slot 4
+                    u5, // @slot 5
+                );
+                mine = select(mine, lane_sum4(v8.lo.a), l == j);
+                mine = select(mine, lane_sum4(v8.lo.b), l == j + 1u);
+                mine_hi = select(mine_hi, lane_sum4(v8.hi.a), l == j);
+                mine_hi = select(mine_hi, lane_sum4(v8.hi.b), l == j + 1u);
+                // @end tile8
             }
             if (i0 + l < nr) {
                 let r = out0 + i0 + l;
-                store_out(t, r, mine.x);
-                for (var k = 1u; k < min(4u, n_out - t); k++) {
-                    store_out(t + k, r, mine[k]);
-                }
+                store4(t, n_out, r, mine);
+                // @begin tile8
+                store4(t + 4u, n_out, r, mine_hi);
+                // @end tile8
             }
         }
     }

@@ -52,6 +52,7 @@ type Slot = Arc<Mutex<Option<Arc<wgpu::ComputePipeline>>>>;
 #[derive(Default)]
 pub struct PipelineCache {
     map: Mutex<HashMap<String, Slot>>,
+    deferred: Mutex<HashMap<String, Arc<Deferred>>>,
 }
 
 impl PipelineCache {
@@ -88,9 +89,45 @@ impl PipelineCache {
         if let Some(p) = slot.as_ref() {
             return Ok(p.clone());
         }
-        let p = Arc::new(compile(device, label, constants, bindings, source)?);
+        let layout = bindings.map(|b| group_layout(device, label, b));
+        let p = Arc::new(compile(
+            device,
+            label,
+            constants,
+            layout.as_ref(),
+            &source()?,
+        )?);
         *slot = Some(p.clone());
         Ok(p)
+    }
+
+    /// The pipeline for `label` with `constants`, laid out as `bindings` (as
+    /// [`get_laid_out`](Self::get_laid_out)), compiled only when a step first runs it
+    /// ([`Deferred::get`]): for builds that only some workloads run, which would
+    /// otherwise add their compilation to every start.
+    pub fn deferred(
+        &self,
+        device: &wgpu::Device,
+        label: &str,
+        constants: &[(&str, f64)],
+        bindings: &[Binding],
+        source: impl FnOnce() -> Result<String>,
+    ) -> Result<Arc<Deferred>> {
+        let key = format!("{label}{constants:?}");
+        let mut map = self.deferred.lock().map_err(|_| poisoned())?;
+        if let Some(d) = map.get(&key) {
+            return Ok(d.clone());
+        }
+        let d = Arc::new(Deferred {
+            device: device.clone(),
+            label: label.to_string(),
+            constants: constants.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
+            layout: group_layout(device, label, bindings),
+            source: source()?,
+            made: Mutex::new(None),
+        });
+        map.insert(key, d.clone());
+        Ok(d)
     }
 
     /// Pipelines compiled so far.
@@ -98,14 +135,73 @@ impl PipelineCache {
         let Ok(map) = self.map.lock() else {
             return 0;
         };
+        let deferred = match self.deferred.lock() {
+            Ok(d) => d.values().filter(|d| d.is_made()).count(),
+            Err(_) => 0,
+        };
         map.values()
             .filter(|s| s.lock().map(|p| p.is_some()).unwrap_or(false))
             .count()
+            + deferred
     }
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A pipeline compiled on first need ([`PipelineCache::deferred`]). Its bind group
+/// layout exists from the start, so that dispatches can be bound before it is compiled.
+pub struct Deferred {
+    device: wgpu::Device,
+    label: String,
+    constants: Vec<(String, f64)>,
+    layout: wgpu::BindGroupLayout,
+    source: String,
+    made: Mutex<Option<Arc<wgpu::ComputePipeline>>>,
+}
+
+impl Deferred {
+    pub fn layout(&self) -> &wgpu::BindGroupLayout {
+        &self.layout
+    }
+
+    /// The pipeline, compiled by the first caller (others wait for it).
+    pub fn get(&self) -> Result<Arc<wgpu::ComputePipeline>> {
+        let mut made = self.made.lock().map_err(|_| poisoned())?;
+        if let Some(p) = made.as_ref() {
+            return Ok(p.clone());
+        }
+        let constants: Vec<(&str, f64)> = self
+            .constants
+            .iter()
+            .map(|(k, v)| (k.as_str(), *v))
+            .collect();
+        let layout = Some(&self.layout);
+        let p = Arc::new(compile(
+            &self.device,
+            &self.label,
+            &constants,
+            layout,
+            &self.source,
+        )?);
+        *made = Some(p.clone());
+        Ok(p)
+    }
+
+    /// Whether it has been compiled.
+    pub fn is_made(&self) -> bool {
+        self.made.lock().map(|p| p.is_some()).unwrap_or(false)
+    }
+}
+
+/// Group 0 laid out as `bindings` (binding i holds `bindings[i]`).
+fn group_layout(device: &wgpu::Device, label: &str, bindings: &[Binding]) -> wgpu::BindGroupLayout {
+    let entries: Vec<_> = (0u32..).zip(bindings).map(|(i, k)| k.entry(i)).collect();
+    device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(label),
+        entries: &entries,
+    })
 }
 
 fn poisoned() -> Error {
@@ -124,15 +220,15 @@ fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
     }
 }
 
-/// Compile `source()` into a compute pipeline (see [`PipelineCache::get_laid_out`]).
+/// Compile `src` into a compute pipeline with group 0 laid out as `group`, or as the
+/// shader's bindings without (see [`PipelineCache::get_laid_out`]).
 fn compile(
     device: &wgpu::Device,
     label: &str,
     constants: &[(&str, f64)],
-    bindings: Option<&[Binding]>,
-    source: impl FnOnce() -> Result<String>,
+    group: Option<&wgpu::BindGroupLayout>,
+    src: &str,
 ) -> Result<wgpu::ComputePipeline> {
-    let src = source()?;
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let desc = wgpu::ShaderModuleDescriptor {
         label: Some(label),
@@ -143,15 +239,10 @@ fn compile(
     // counter moves monotonically toward a bound that is a constant, an override or a
     // uniform field sized from a tensor (under 2^27 chunks, far from wrapping a u32).
     let module = unsafe { device.create_shader_module_trusted(desc, runtime_checks()) };
-    let layout = bindings.map(|b| {
-        let entries: Vec<_> = (0u32..).zip(b).map(|(i, k)| k.entry(i)).collect();
-        let group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some(label),
-            entries: &entries,
-        });
+    let layout = group.map(|group| {
         device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(label),
-            bind_group_layouts: &[Some(&group)],
+            bind_group_layouts: &[Some(group)],
             immediate_size: 0,
         })
     });

@@ -85,7 +85,7 @@ impl Profiler {
         enc: &mut wgpu::CommandEncoder,
         dispatches: impl Iterator<Item = &'a Dispatch>,
         info: &StepInfo,
-    ) {
+    ) -> crate::Result<()> {
         for d in dispatches {
             let i = self.pending.len() as u32 * 2;
             let timed = i + 1 < self.capacity && !d.grid(info).contains(&0);
@@ -98,12 +98,13 @@ impl Profiler {
                     end_of_pass_write_index: Some(i + 1),
                 }),
             });
-            d.record(&mut pass, info);
+            d.record(&mut pass, info)?;
             drop(pass);
             if timed {
                 self.pending.push(d.label.clone());
             }
         }
+        Ok(())
     }
 
     /// Copy the step's timestamps out for [`collect`](Self::collect), at the end of its

@@ -456,6 +456,30 @@ pub fn keep_slots(src: &str, slots: u32) -> String {
     out
 }
 
+/// `src` without its regions named `name` (from a line holding `// @begin NAME` to one
+/// holding `// @end NAME`) unless `keep`: the parts of a kernel that only some of its
+/// builds run (`mul_mat_ks1i`'s tiles of four and of eight), so that lavapipe does not
+/// translate and optimise the others' code before dropping it.
+pub fn keep_regions(src: &str, name: &str, keep: bool) -> String {
+    let (begin, end) = (format!("// @begin {name}"), format!("// @end {name}"));
+    let mut out = String::with_capacity(src.len());
+    let mut inside = false;
+    for line in src.lines() {
+        let mark = line.trim();
+        if mark == begin {
+            inside = true;
+        }
+        if keep || !inside {
+            out.push_str(line);
+            out.push('\n');
+        }
+        if mark == end {
+            inside = false;
+        }
+    }
+    out
+}
+
 /// WGSL requires `enable ...;` directives before any declaration; a kernel body that
 /// needs one (subgroups) states it at its top, and it is moved to the front here.
 fn hoist_directives(src: &str) -> String {
@@ -524,7 +548,15 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                 // `mul_mat_ks1` as it is built for each count of slots.
                 if name.starts_with("mul_mat_ks1") {
                     for slots in 1..6 {
-                        out.push((format!("{label}_slots{slots}"), keep_slots(&src, slots)));
+                        let kept = keep_slots(&src, slots);
+                        // `mul_mat_ks1i`'s tiles of four and of eight, each alone.
+                        if name.starts_with("mul_mat_ks1i") {
+                            for (tile, other) in [("tile4", "tile8"), ("tile8", "tile4")] {
+                                let one = keep_regions(&kept, other, false);
+                                out.push((format!("{label}_slots{slots}_{tile}"), one));
+                            }
+                        }
+                        out.push((format!("{label}_slots{slots}"), kept));
                     }
                 }
                 out.push((label, src));

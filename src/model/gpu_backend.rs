@@ -475,7 +475,7 @@ fn record<'a>(
     profiler: Option<&mut crate::gpu::profile::Profiler>,
     plan: impl Iterator<Item = &'a Dispatch>,
     info: &StepInfo,
-) {
+) -> Result<()> {
     match profiler {
         Some(prof) => prof.record(enc, plan, info),
         None => crate::ops::record_plan(enc, plan, info),
@@ -946,6 +946,8 @@ impl GpuModel {
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
         };
+        // Pipelines compiled only when a step first runs them (a first long prompt).
+        crate::ops::prepare(self.body.iter().chain(head.iter()).chain(sample), &info)?;
         let t0 = std::time::Instant::now();
         let mut submit_s = 0.0;
         let submit = |enc: wgpu::CommandEncoder, secs: &mut f64| {
@@ -969,7 +971,7 @@ impl GpuModel {
                     &mut submit_s,
                 );
             }
-            record(&mut enc, self.profiler.as_mut(), part.iter(), &info);
+            record(&mut enc, self.profiler.as_mut(), part.iter(), &info)?;
         }
         let wait = step_wait(&self.ctx, n);
         // Polling keeps a core awake through the body's hundreds of short dispatches,
@@ -996,7 +998,7 @@ impl GpuModel {
             self.profiler.as_mut(),
             head.iter().chain(sample),
             &info,
-        );
+        )?;
         if let Some(prof) = self.profiler.as_ref() {
             prof.finish(&mut enc);
         }

@@ -60,7 +60,7 @@ type BytesFn = Box<dyn Fn(&StepInfo) -> u64 + Send + Sync>;
 /// computed from that step's sizes.
 pub struct Dispatch {
     pub label: String,
-    pipeline: Arc<wgpu::ComputePipeline>,
+    pipeline: Pipe,
     bind_group: wgpu::BindGroup,
     grid: GridFn,
     /// Buffers copied into the textures the kernel reads, before it runs.
@@ -90,15 +90,52 @@ pub enum CopyExtent {
 
 type TexelsFn = Box<dyn Fn(&StepInfo) -> u32 + Send + Sync>;
 
+/// The pipeline a dispatch runs: compiled when the plan was built, or when a step first
+/// runs it ([`crate::gpu::pipelines::Deferred`], see [`prepare`]).
+#[derive(Clone)]
+pub(crate) enum Pipe {
+    Ready(Arc<wgpu::ComputePipeline>),
+    Deferred(Arc<crate::gpu::pipelines::Deferred>),
+}
+
+impl From<Arc<wgpu::ComputePipeline>> for Pipe {
+    fn from(p: Arc<wgpu::ComputePipeline>) -> Pipe {
+        Pipe::Ready(p)
+    }
+}
+
+impl Pipe {
+    fn group_layout(&self) -> wgpu::BindGroupLayout {
+        match self {
+            Pipe::Ready(p) => p.get_bind_group_layout(0),
+            Pipe::Deferred(d) => d.layout().clone(),
+        }
+    }
+}
+
 impl Dispatch {
-    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, step: &StepInfo) {
+    /// Record the kernel for `step`, if its grid there is not empty; a deferred
+    /// pipeline is compiled here if [`prepare`] has not done it.
+    pub fn record(&self, pass: &mut wgpu::ComputePass<'_>, step: &StepInfo) -> crate::Result<()> {
         let [x, y, z] = (self.grid)(step);
         if x == 0 || y == 0 || z == 0 {
-            return;
+            return Ok(());
         }
-        pass.set_pipeline(&self.pipeline);
+        match &self.pipeline {
+            Pipe::Ready(p) => pass.set_pipeline(p),
+            Pipe::Deferred(d) => pass.set_pipeline(&*d.get()?),
+        }
         pass.set_bind_group(0, &self.bind_group, &[]);
         pass.dispatch_workgroups(x, y, z);
+        Ok(())
+    }
+
+    /// Its deferred pipeline, if it has one not yet compiled and `step` runs it.
+    fn unmade(&self, step: &StepInfo) -> Option<&Arc<crate::gpu::pipelines::Deferred>> {
+        match &self.pipeline {
+            Pipe::Deferred(d) if !d.is_made() && !self.grid(step).contains(&0) => Some(d),
+            _ => None,
+        }
     }
 
     pub fn grid(&self, step: &StepInfo) -> [u32; 3] {
@@ -138,13 +175,50 @@ impl Dispatch {
     }
 }
 
+/// Compile the deferred pipelines that `plan` runs in `step` and that no step has run
+/// yet, on one thread per core (a model's first long batch: `ops::mul_mat`'s tiles of
+/// eight).
+pub fn prepare<'a>(
+    plan: impl IntoIterator<Item = &'a Dispatch>,
+    step: &StepInfo,
+) -> crate::Result<()> {
+    let mut todo: Vec<&Arc<crate::gpu::pipelines::Deferred>> = Vec::new();
+    for d in plan.into_iter().filter_map(|d| d.unmade(step)) {
+        if !todo.iter().any(|t| Arc::ptr_eq(t, d)) {
+            todo.push(d);
+        }
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(todo.len());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let work = || -> crate::Result<()> {
+        loop {
+            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let Some(d) = todo.get(i) else {
+                return Ok(());
+            };
+            d.get()?;
+        }
+    };
+    std::thread::scope(|s| {
+        let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
+        let mine = work();
+        helpers.into_iter().try_for_each(|h| {
+            h.join()
+                .map_err(|_| crate::Error::gpu("a pipeline's compilation thread panicked"))?
+        })?;
+        mine
+    })
+}
+
 /// Record `plan` for `step`: its kernels in compute passes, each pass ended where a
 /// kernel's texture copies have to come first.
 pub fn record_plan<'a>(
     enc: &mut wgpu::CommandEncoder,
     plan: impl IntoIterator<Item = &'a Dispatch>,
     step: &StepInfo,
-) {
+) -> crate::Result<()> {
     let desc = wgpu::ComputePassDescriptor {
         label: Some("forward"),
         timestamp_writes: None,
@@ -156,8 +230,9 @@ pub fn record_plan<'a>(
             d.record_copies(enc, step);
             pass = enc.begin_compute_pass(&desc).forget_lifetime();
         }
-        d.record(&mut pass, step);
+        d.record(&mut pass, step)?;
     }
+    Ok(())
 }
 
 /// A uniform buffer holding `value`.
@@ -175,7 +250,7 @@ pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T
 pub(crate) fn dispatch<P: bytemuck::Pod>(
     ctx: &GpuContext,
     label: &str,
-    pipeline: Arc<wgpu::ComputePipeline>,
+    pipeline: impl Into<Pipe>,
     step: &wgpu::Buffer,
     params: &P,
     buffers: &[&wgpu::Buffer],
@@ -189,7 +264,7 @@ pub(crate) fn dispatch<P: bytemuck::Pod>(
 pub(crate) fn dispatch_bound<P: bytemuck::Pod>(
     ctx: &GpuContext,
     label: &str,
-    pipeline: Arc<wgpu::ComputePipeline>,
+    pipeline: impl Into<Pipe>,
     step: &wgpu::Buffer,
     params: &P,
     resources: Vec<wgpu::BindingResource<'_>>,
@@ -212,7 +287,8 @@ pub(crate) fn dispatch_bound<P: bytemuck::Pod>(
             resource,
         });
     }
-    let layout = pipeline.get_bind_group_layout(0);
+    let pipeline = pipeline.into();
+    let layout = pipeline.group_layout();
     let bind_group = ctx.scoped(&format!("binding {label}"), || {
         ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(label),

@@ -1,10 +1,8 @@
 //! Quantized matrix times activations, dequantizing inside the kernel
 //! (`shaders/ops/mul_mat.wgsl` with the weight type's decoder).
 
-use std::sync::Arc;
-
 use super::glu::Activation;
-use super::{dispatch, dispatch_bound, groups, Dispatch, StepInfo, WG};
+use super::{dispatch, dispatch_bound, groups, Dispatch, Pipe, StepInfo, WG};
 use crate::gpu::pipelines::Binding;
 use crate::gpu::shaders::Form;
 use crate::gpu::upload::{is_vector_uniform, Part, WeightMemory, VECTOR_UNIFORM_BYTES};
@@ -265,6 +263,19 @@ pub fn mr_shape(ctx: &GpuContext) -> (u32, bool) {
 /// Tokens per tile of `mul_mat_ks1`'s batch build (four sums in one vec4 there).
 const KS1_TILE: u32 = 4;
 
+/// Whether `mul_mat_ks1i` runs a batch of `n` tokens in tiles of eight rather than
+/// four: from [`KS1I_EIGHT_MIN`] tokens. Eight unpack each pair of rows' chunk once for
+/// twice the tokens (SmolLM2's and Gemma 3's pp512 1.08-1.09x on lavapipe,
+/// docs/perf.md); their last tile pads at most four tokens more than tiles of four,
+/// 4 / 68 of the work at 64 tokens. Their pipelines are compiled when a batch first
+/// runs them, so shorter prompts never pay for that.
+fn ks1i_eight(n: u32) -> bool {
+    n >= KS1I_EIGHT_MIN
+}
+
+/// Fewest tokens that `mul_mat_ks1i` runs in tiles of eight ([`ks1i_eight`]).
+pub const KS1I_EIGHT_MIN: u32 = 64;
+
 /// Fewest tokens for which `mul_mat_ks` runs a tile (of eight; five to seven run as one
 /// short tile): steps of fewer run its build without tiles.
 const KS_TILE_MIN: u32 = 5;
@@ -324,7 +335,7 @@ pub(crate) fn pipeline(
     ty: GgmlType,
     v: Variant,
     memory: WeightMemory,
-) -> Result<Arc<wgpu::ComputePipeline>> {
+) -> Result<Pipe> {
     kernel_pipeline(ctx, ty, v, memory, Build::Whole)
 }
 
@@ -357,9 +368,10 @@ struct Ks1 {
     slots: u32,
     /// Whether it folds in the norm before the product (`mul_mat_ks1n`, `Ks` only).
     normed: bool,
-    /// Whether it runs batches in tiles of four tokens (`TILE`, or `mul_mat_ks1i` for
-    /// the types of [`ks1_int`]), or one token at a time.
-    tile: bool,
+    /// Tokens per tile: 1, one token at a time; 4, batches in tiles of four (`TILE`,
+    /// or `mul_mat_ks1i` for the types of [`ks1_int`]); 8, `mul_mat_ks1i` in tiles of
+    /// eight ([`ks1i_eight`]).
+    tile: u32,
 }
 
 /// The pipeline of variant `v` in `build`.
@@ -369,7 +381,7 @@ fn kernel_pipeline(
     v: Variant,
     memory: WeightMemory,
     build: Build,
-) -> Result<Arc<wgpu::ComputePipeline>> {
+) -> Result<Pipe> {
     let ks1 = match build {
         Build::Ks1(k) => Some(k),
         _ => None,
@@ -378,7 +390,7 @@ fn kernel_pipeline(
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
     let normed = ks1.is_some_and(|k| k.normed);
-    let int = ks1.is_some_and(|k| k.tile && v == Variant::Ks && ks1_int(ty));
+    let int = ks1.is_some_and(|k| k.tile > 1 && v == Variant::Ks && ks1_int(ty));
     let shader = match (ks1, v) {
         (None, _) if matches!(build, Build::Mm) => "mul_mat_mm",
         (None, v) => v.shader(),
@@ -407,7 +419,9 @@ fn kernel_pipeline(
             ];
             // `mul_mat_ks1i` is a tile build only.
             if !int {
-                c.push(("TILE", k.tile as u8 as f64));
+                c.push(("TILE", (k.tile > 1) as u8 as f64));
+            } else {
+                c.push(("TILE", k.tile as f64));
             }
             c
         }
@@ -445,14 +459,29 @@ fn kernel_pipeline(
         // The norm's weight (common/x_norm.wgsl).
         layout.push(Binding::Uniform);
     }
-    ctx.pipelines
-        .get_laid_out(&ctx.device, &label, &consts, Some(&layout), || {
-            let src = crate::gpu::shaders::quant_source_as(shader, ty, form)?;
-            Ok(match ks1 {
-                Some(k) => crate::gpu::shaders::keep_slots(&src, k.slots),
-                None => src,
-            })
+    let source = || {
+        let src = crate::gpu::shaders::quant_source_as(shader, ty, form)?;
+        Ok(match ks1 {
+            Some(k) => {
+                let src = crate::gpu::shaders::keep_slots(&src, k.slots);
+                let src = crate::gpu::shaders::keep_regions(&src, "tile4", k.tile != 8);
+                crate::gpu::shaders::keep_regions(&src, "tile8", k.tile == 8)
+            }
+            None => src,
         })
+    };
+    if ks1.is_some_and(|k| k.tile == 8) {
+        // Only batches of KS1I_EIGHT_MIN tokens or more run it: compiled when one first
+        // does (up to 0.2 s per pipeline on lavapipe), not at every start.
+        let d = ctx
+            .pipelines
+            .deferred(&ctx.device, &label, &consts, &layout, source)?;
+        return Ok(Pipe::Deferred(d));
+    }
+    let pipe = ctx
+        .pipelines
+        .get_laid_out(&ctx.device, &label, &consts, Some(&layout), source)?;
+    Ok(Pipe::Ready(pipe))
 }
 
 /// Which steps one of a product's kernels runs in.
@@ -483,6 +512,10 @@ enum Steps {
     BelowMm,
     /// Those with at least [`MM_MIN`] (`mul_mat_mm`).
     Mm,
+    /// Batches `mul_mat_ks1i` runs in tiles of four ([`ks1i_eight`] false).
+    Fours,
+    /// Batches it runs in tiles of eight.
+    Eights,
 }
 
 impl Steps {
@@ -518,13 +551,15 @@ impl Steps {
             Steps::SeveralBelowMm => !one && s.n_tokens < MM_MIN,
             Steps::BelowMm => one || s.n_tokens < MM_MIN,
             Steps::Mm => !one && s.n_tokens >= MM_MIN,
+            Steps::Fours => !one && !ks1i_eight(s.n_tokens),
+            Steps::Eights => !one && ks1i_eight(s.n_tokens),
         }
     }
 }
 
 /// One of a product's kernels ([`kernels`]) and the steps it runs in.
 struct Kernel {
-    pipe: Arc<wgpu::ComputePipeline>,
+    pipe: Pipe,
     steps: Steps,
     /// Whether it is `mul_mat_mm`, whose grid has a dimension of token tiles.
     tiled: bool,
@@ -534,7 +569,7 @@ struct Kernel {
 }
 
 impl Kernel {
-    fn new(pipe: Arc<wgpu::ComputePipeline>, steps: Steps) -> Kernel {
+    fn new(pipe: Pipe, steps: Steps) -> Kernel {
         Kernel {
             pipe,
             steps,
@@ -611,7 +646,7 @@ fn kernels(
     let one = Ks1 {
         slots: ks1_slots(ctx, n_cols / 32),
         normed,
-        tile: false,
+        tile: 1,
     };
     let single = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(one))?;
     let single = |steps| Kernel {
@@ -626,11 +661,19 @@ fn kernels(
     Ok(match v {
         // The tile build runs a batch's whole tiles, the single-token build the rest.
         Variant::Ks => {
-            let tiled = Ks1 { tile: true, ..one };
-            let tiles = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(tiled))?;
+            let build = |tile| kernel_pipeline(ctx, ty, v, memory, Build::Ks1(Ks1 { tile, ..one }));
+            let tiles = build(KS1_TILE)?;
             if ks1_int(ty) {
                 // `mul_mat_ks1i` runs every token of a batch, its last tile padded.
-                vec![single(Steps::One), Kernel::new(tiles, Steps::Several)]
+                if std::env::var("ONLY8").is_ok() {
+                    vec![single(Steps::One), Kernel::new(build(8)?, Steps::Several)]
+                } else {
+                    vec![
+                        single(Steps::One),
+                        Kernel::new(tiles, Steps::Fours),
+                        Kernel::new(build(8)?, Steps::Eights),
+                    ]
+                }
             } else {
                 vec![single(Steps::OneOrTail), Kernel::new(tiles, Steps::Tiles)]
             }
@@ -1213,7 +1256,7 @@ fn glu_rows_fit(ctx: &GpuContext, v: Variant, n_ff: u32) -> bool {
 #[allow(clippy::too_many_arguments)]
 fn part_dispatches(
     ctx: &GpuContext,
-    (v, pipe, tiled): (Variant, &Arc<wgpu::ComputePipeline>, bool),
+    (v, pipe, tiled): (Variant, &Pipe, bool),
     step: &wgpu::Buffer,
     w: &GpuTensor,
     (x, out, norm): (&wgpu::Buffer, &Outputs<'_>, Option<Norm<'_>>),

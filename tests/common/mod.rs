@@ -146,7 +146,7 @@ pub fn step_buffer(ctx: &GpuContext, s: &StepInfo) -> wgpu::Buffer {
 /// Run `dispatches` for `step` and wait.
 pub fn run(ctx: &GpuContext, dispatches: &[Dispatch], step: &StepInfo) {
     let mut enc = ctx.device.create_command_encoder(&Default::default());
-    wgllm::ops::record_plan(&mut enc, dispatches, step);
+    wgllm::ops::record_plan(&mut enc, dispatches, step).expect("record");
     ctx.queue.submit([enc.finish()]);
     ctx.device
         .poll(wgpu::PollType::wait_indefinitely())

@@ -301,12 +301,13 @@ struct Prepared {
 
 impl Prepared {
     /// Records one product, on the next copy of the weight.
-    fn record(&self, pass: &mut wgpu::ComputePass<'_>) {
+    fn record(&self, pass: &mut wgpu::ComputePass<'_>) -> Result<()> {
         let i = self.next.get();
         self.next.set((i + 1) % self.ds.len());
         for d in &self.ds[i] {
-            d.record(pass, &self.step);
+            d.record(pass, &self.step)?;
         }
+        Ok(())
     }
 }
 
@@ -348,6 +349,8 @@ fn prepare(
             )
         })
         .collect::<Result<Vec<_>>>()?;
+    // Pipelines the product compiles on first use, compiled before any timing.
+    wgllm::ops::prepare(ds.iter().flatten(), &step)?;
     let mut p = Prepared {
         ds,
         step,
@@ -418,8 +421,9 @@ fn time_interleaved(
     for (i, kept) in schedule(timed.len(), plan.warmup, plan.reps) {
         let t = timer.once(ctx, &|pass| {
             for _ in 0..per_pass {
-                timed[i].record(pass);
+                timed[i].record(pass)?;
             }
+            Ok(())
         })?;
         if kept {
             secs[i].push(t / per_pass as f64);

@@ -229,6 +229,7 @@ pub fn measure(
             pass.set_pipeline(&pipe);
             pass.set_bind_group(0, &bg, &[]);
             pass.dispatch_workgroups(groups, 1, 1);
+            Ok(())
         })?;
         // run_u32 reads words, not vec4s.
         let read = if pat.entry == "run_u32" {

@@ -78,7 +78,7 @@ impl Timer {
         ctx: &GpuContext,
         warmup: usize,
         reps: usize,
-        record: &dyn Fn(&mut wgpu::ComputePass<'_>),
+        record: &dyn Fn(&mut wgpu::ComputePass<'_>) -> Result<()>,
     ) -> Result<Samples> {
         let mut secs = Vec::with_capacity(reps);
         for i in 0..warmup + reps {
@@ -102,7 +102,7 @@ impl Timer {
     pub fn once(
         &self,
         ctx: &GpuContext,
-        record: &dyn Fn(&mut wgpu::ComputePass<'_>),
+        record: &dyn Fn(&mut wgpu::ComputePass<'_>) -> Result<()>,
     ) -> Result<f64> {
         let mut enc = ctx.device.create_command_encoder(&Default::default());
         {
@@ -118,7 +118,7 @@ impl Timer {
                 label: Some("bench"),
                 timestamp_writes: writes,
             });
-            record(&mut pass);
+            record(&mut pass)?;
         }
         if let Some((set, resolve, read)) = &self.queries {
             enc.resolve_query_set(set, 0..2, resolve, 0);
