@@ -29,6 +29,8 @@ pub struct EngineOptions {
     pub prefer_hardware: bool,
     pub progress: bool,
     pub capture_attention: bool,
+    /// Tokens in the first step, where known ([`LoadOptions::first_batch`]).
+    pub first_batch: Option<u32>,
 }
 
 impl Default for EngineOptions {
@@ -42,6 +44,7 @@ impl Default for EngineOptions {
             prefer_hardware: false,
             progress: false,
             capture_attention: false,
+            first_batch: None,
         }
     }
 }
@@ -90,6 +93,7 @@ pub fn load_engine(
         n_batch: opts.n_batch,
         progress: opts.progress,
         capture_attention: opts.capture_attention,
+        first_batch: opts.first_batch,
     };
     if first_gpu == 0 && head_gpu {
         let m = GpuModel::load(ctx, &file, cfg.clone(), &gpu_opts(0..cfg.n_layer, true))?;

@@ -249,3 +249,44 @@ fn a_data_section_past_2_64_bytes_is_an_error() {
         .to_string();
     assert!(err.contains("'next'") && err.contains("2^64"), "{err}");
 }
+
+/// The kernels of the first step named at load (`LoadOptions::first_batch`) compile
+/// with the upload, so that step compiles nothing; those of other batch sizes compile
+/// when a step first runs them, with the same logits.
+#[test]
+fn first_batch_kernels_compile_with_the_upload() {
+    let spec = SynthSpec::new(LlamaShape::TINY, SynthQuant::Q4_0);
+    let path = write(&spec, "first-batch");
+    let file = GgufFile::open(&path).unwrap();
+    let cfg = Config::from_metadata(file.metadata()).unwrap();
+    let ids: Vec<u32> = (0..70).map(|i| 300 + i).collect();
+    let mut runs = Vec::new();
+    for first in [1, ids.len() as u32] {
+        let ctx = Arc::new(
+            GpuContext::new(&DeviceOptions::default())
+                .expect("a GPU adapter (lavapipe) is needed: GPU tests fail rather than skip"),
+        );
+        let lo = LoadOptions {
+            n_ctx: 128,
+            n_batch: 128,
+            first_batch: Some(first),
+            ..Default::default()
+        };
+        let mut gpu = GpuModel::load(ctx.clone(), &file, cfg.clone(), &lo).unwrap();
+        let loaded = ctx.pipelines.len();
+        let logits = gpu.step(&ids, 0, Logits::Last).unwrap();
+        runs.push((loaded, ctx.pipelines.len(), logits));
+    }
+    let (one, long) = (&runs[0], &runs[1]);
+    assert_eq!(long.0, long.1, "the step named at load compiled kernels");
+    assert!(
+        one.1 > one.0,
+        "a 70-token step compiled nothing after a load for 1"
+    );
+    assert!(one.0 < long.0, "a load for 1 token compiled batch kernels");
+    assert_eq!(
+        one.2, long.2,
+        "the logits depend on when the kernels compiled"
+    );
+    std::fs::remove_file(&path).ok();
+}

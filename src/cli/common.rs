@@ -95,7 +95,7 @@ pub fn open(path: &std::path::Path) -> Result<GgufFile> {
 
 /// Open the file, build the tokenizer and upload the model.
 pub fn load(args: &ModelArgs, progress: bool) -> Result<Loaded> {
-    Opened::new(args)?.load(args, progress, None)
+    Opened::new(args)?.load(args, progress, (None, None))
 }
 
 /// A model file opened and its tokenizer built, before the weights are uploaded: what a
@@ -127,8 +127,14 @@ impl Opened {
     /// Uploads the model. The context is `-c`; without it, `need` positions (rounded up,
     /// as llama.cpp's simple example sizes its context to the request) where the caller
     /// knows them, else the trained context up to 4096. The KV cache is allocated whole,
-    /// so a context larger than the request only costs memory.
-    pub fn load(self, args: &ModelArgs, progress: bool, need: Option<usize>) -> Result<Loaded> {
+    /// so a context larger than the request only costs memory. `prompt`, the prompt's
+    /// tokens where known, lets the kernels of its first step compile during the upload.
+    pub fn load(
+        self,
+        args: &ModelArgs,
+        progress: bool,
+        (need, prompt): (Option<usize>, Option<usize>),
+    ) -> Result<Loaded> {
         let Opened {
             file,
             config,
@@ -171,6 +177,7 @@ impl Opened {
             prefer_hardware: auto,
             progress,
             capture_attention: false,
+            first_batch: prompt.map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
         };
         let engine = load_or_offload(Arc::new(file), &config, opts)?;
         let mut device = engine.device();

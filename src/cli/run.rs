@@ -67,7 +67,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let need = usize::try_from(a.n_predict)
         .ok()
         .map(|n| prompt.len().saturating_add(n).saturating_add(1));
-    let mut m = opened.load(&a.model, !a.quiet && !a.json, need)?;
+    let mut m = opened.load(&a.model, !a.quiet && !a.json, (need, Some(prompt.len())))?;
     let tok = &m.tokenizer;
     let n_ctx = m.session.n_ctx() as usize;
     if prompt.len() >= n_ctx {

@@ -566,7 +566,16 @@ pub struct LoadOptions {
     /// Keep every layer's last-token attention probabilities (see
     /// [`GpuModel::attention`]).
     pub capture_attention: bool,
+    /// Tokens in the first step, where known (a prompt's length): the kernels that step
+    /// runs compile while the weights upload, and those of other batch sizes when a
+    /// step first runs them. `None`: those of a prompt of [`DEFAULT_FIRST_BATCH`].
+    pub first_batch: Option<u32>,
 }
+
+/// The first step [`LoadOptions::first_batch`] prepares for when it is not known: a
+/// prompt of a few dozen tokens (a chat turn). Longer prompts compile their builds
+/// (`mul_mat`'s tiles of eight) in their first step.
+pub const DEFAULT_FIRST_BATCH: u32 = 32;
 
 impl Default for LoadOptions {
     fn default() -> Self {
@@ -577,6 +586,7 @@ impl Default for LoadOptions {
             n_batch: 512,
             progress: false,
             capture_attention: false,
+            first_batch: None,
         }
     }
 }
@@ -636,8 +646,10 @@ impl GpuModel {
             )));
         }
         // The heavy pipelines compile on a second thread while the weights upload.
+        let batch = opts.first_batch.unwrap_or(DEFAULT_FIRST_BATCH);
+        let batch = batch.min(n_batch).min(n_ctx);
         let weights = std::thread::scope(|s| {
-            s.spawn(|| super::gpu_warm::warm(&ctx, file, &cfg, &layers, opts.head));
+            s.spawn(|| super::gpu_warm::warm(&ctx, file, &cfg, (&layers, opts.head), batch));
             upload_weights(&ctx, file, &cfg, &layers, opts.head, opts.progress)
         })?;
         let max_binding = ctx.max_binding();

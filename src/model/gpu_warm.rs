@@ -42,6 +42,8 @@ const MAX_THREADS: usize = 4;
 /// [`Ops`] that list the pipelines to compile instead of recording dispatches.
 struct Warm<'a> {
     ctx: &'a GpuContext,
+    /// Tokens in the first step: the batch builds it runs are compiled too.
+    batch: u32,
     jobs: Vec<WarmJob<'a>>,
     mats: HashSet<(GgmlType, u64, u64, Columns, bool)>,
     attention: bool,
@@ -55,13 +57,13 @@ impl Warm<'_> {
     /// outputs or add to them; with the norm before them folded in where the recorder
     /// will fold it (`reads_norm`: the product reads the last norm's output).
     fn mat(&mut self, w: &Shape, cols: Columns, reads_norm: bool) -> Result<()> {
-        let (ctx, ty, n_cols, n_rows) = (self.ctx, w.ty, w.n_cols, w.n_rows);
+        let (ctx, ty, n_cols, n_rows, batch) = (self.ctx, w.ty, w.n_cols, w.n_rows, self.batch);
         let normed = reads_norm
             && self.norm.is_some_and(|n| n as u64 == n_cols)
             && mul_mat::folds_norm(ctx, ty, (n_rows, n_cols), ctx.matrix_memory(ty));
         if self.mats.insert((ty, n_cols, n_rows, cols, normed)) {
             self.jobs.push(Box::new(move || {
-                mul_mat::warm(ctx, (ty, n_rows, n_cols), cols, normed)
+                mul_mat::warm(ctx, (ty, n_rows, n_cols), cols, normed, batch)
             }));
         }
         Ok(())
@@ -131,13 +133,14 @@ impl Ops for Warm<'_> {
     }
 }
 
-/// Compile the pipelines a GPU model of `layers` (and the head, if `head`) will bind.
+/// Compile the pipelines a GPU model of `layers` (and the head, if `head`) will bind
+/// for single tokens and for a first step of `batch` tokens.
 pub fn warm(
     ctx: &GpuContext,
     file: &GgufFile,
     cfg: &Config,
-    layers: &Range<u32>,
-    head: bool,
+    (layers, head): (&Range<u32>, bool),
+    batch: u32,
 ) -> Result<()> {
     let mut shape = |name: &str| -> Result<Shape> {
         let t = file
@@ -165,6 +168,7 @@ pub fn warm(
     };
     let mut o = Warm {
         ctx,
+        batch,
         jobs: Vec::new(),
         mats: HashSet::new(),
         attention: false,

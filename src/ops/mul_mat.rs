@@ -330,13 +330,23 @@ fn ks_runs(ty: GgmlType) -> bool {
     )
 }
 
-pub(crate) fn pipeline(
+fn pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
     memory: WeightMemory,
+    when: Compile,
 ) -> Result<Pipe> {
-    kernel_pipeline(ctx, ty, v, memory, Build::Whole)
+    kernel_pipeline(ctx, ty, v, memory, (Build::Whole, when))
+}
+
+/// When a kernel's pipeline is compiled: with the plan, or when a step first runs it
+/// (the builds that only batches run: a model's start need not wait for them, and a
+/// prompt's first step compiles only those of its own size, `warm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compile {
+    Now,
+    OnFirstUse,
 }
 
 /// Which build of a variant's kernel.
@@ -374,13 +384,13 @@ struct Ks1 {
     tile: u32,
 }
 
-/// The pipeline of variant `v` in `build`.
+/// The pipeline of variant `v` in `build`, compiled `when`.
 fn kernel_pipeline(
     ctx: &GpuContext,
     ty: GgmlType,
     v: Variant,
     memory: WeightMemory,
-    build: Build,
+    (build, when): (Build, Compile),
 ) -> Result<Pipe> {
     let ks1 = match build {
         Build::Ks1(k) => Some(k),
@@ -470,9 +480,7 @@ fn kernel_pipeline(
             None => src,
         })
     };
-    if ks1.is_some_and(|k| k.tile == 8) {
-        // Only batches of KS1I_EIGHT_MIN tokens or more run it: compiled when one first
-        // does (up to 0.2 s per pipeline on lavapipe), not at every start.
+    if when == Compile::OnFirstUse {
         let d = ctx
             .pipelines
             .deferred(&ctx.device, &label, &consts, &layout, source)?;
@@ -607,7 +615,7 @@ fn kernels(
             let one = Kernel {
                 stores_glu: true,
                 ..Kernel::new(
-                    kernel_pipeline(ctx, ty, v, memory, Build::Mr { tile: 1, lanes })?,
+                    kernel_pipeline(ctx, ty, v, memory, (Build::Mr { tile: 1, lanes }, NOW))?,
                     Steps::One,
                 )
             };
@@ -615,14 +623,15 @@ fn kernels(
                 return Ok(vec![one]);
             }
             let tile = MR_TILE;
-            let whole = kernel_pipeline(ctx, ty, v, memory, Build::Mr { tile, lanes })?;
+            let build = (Build::Mr { tile, lanes }, LATER);
+            let whole = kernel_pipeline(ctx, ty, v, memory, build)?;
             if !mm_fits(ctx) {
                 return Ok(vec![one, Kernel::new(whole, Steps::Several)]);
             }
             let mm = mm_kernel(ctx, ty, v, memory)?;
             return Ok(vec![one, Kernel::new(whole, Steps::SeveralBelowMm), mm]);
         }
-        let whole = || pipeline(ctx, ty, v, memory);
+        let whole = || pipeline(ctx, ty, v, memory, NOW);
         if matches!(v, Variant::Wg | Variant::Sg) && cols == Columns::All && mm_fits(ctx) {
             // A row per workgroup reads the row once per token: batches run tiled.
             return Ok(vec![
@@ -633,11 +642,11 @@ fn kernels(
         if !matches!(v, Variant::Ks | Variant::KsU) {
             return Ok(vec![Kernel::new(whole()?, Steps::Every)]);
         }
-        let untiled = kernel_pipeline(ctx, ty, v, memory, Build::Untiled)?;
+        let untiled = kernel_pipeline(ctx, ty, v, memory, (Build::Untiled, NOW))?;
         if cols == Columns::Last {
             return Ok(vec![Kernel::new(untiled, Steps::One)]);
         }
-        let whole = pipeline(ctx, ty, v, memory)?;
+        let whole = pipeline(ctx, ty, v, memory, LATER)?;
         return Ok(vec![
             Kernel::new(untiled, Steps::Few),
             Kernel::new(whole, Steps::Many),
@@ -648,7 +657,7 @@ fn kernels(
         normed,
         tile: 1,
     };
-    let single = kernel_pipeline(ctx, ty, v, memory, Build::Ks1(one))?;
+    let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), NOW))?;
     let single = |steps| Kernel {
         pipe: single.clone(),
         steps,
@@ -661,7 +670,10 @@ fn kernels(
     Ok(match v {
         // The tile build runs a batch's whole tiles, the single-token build the rest.
         Variant::Ks => {
-            let build = |tile| kernel_pipeline(ctx, ty, v, memory, Build::Ks1(Ks1 { tile, ..one }));
+            let build = |tile| {
+                let build = Build::Ks1(Ks1 { tile, ..one });
+                kernel_pipeline(ctx, ty, v, memory, (build, LATER))
+            };
             let tiles = build(KS1_TILE)?;
             if ks1_int(ty) {
                 // `mul_mat_ks1i` runs every token of a batch, its last tile padded.
@@ -687,16 +699,23 @@ fn kernels(
         }
         _ => vec![
             single(Steps::One),
-            Kernel::new(pipeline(ctx, ty, v, memory)?, Steps::Several),
+            Kernel::new(pipeline(ctx, ty, v, memory, LATER)?, Steps::Several),
         ],
     })
 }
+
+const NOW: Compile = Compile::Now;
+/// The builds of [`kernels`] that no single token runs.
+const LATER: Compile = Compile::OnFirstUse;
 
 /// `mul_mat_mm` for the batches of [`MM_MIN`] tokens or more of a `v` product.
 fn mm_kernel(ctx: &GpuContext, ty: GgmlType, v: Variant, memory: WeightMemory) -> Result<Kernel> {
     Ok(Kernel {
         tiled: true,
-        ..Kernel::new(kernel_pipeline(ctx, ty, v, memory, Build::Mm)?, Steps::Mm)
+        ..Kernel::new(
+            kernel_pipeline(ctx, ty, v, memory, (Build::Mm, LATER))?,
+            Steps::Mm,
+        )
     })
 }
 
@@ -1331,14 +1350,17 @@ fn resolve(
 }
 
 /// Compile (or find) the pipelines [`gpu`] (or with `normed`, [`gpu_normed`]) will use
-/// for products of `cols` on rows of `n_cols` elements of type `ty`, so that they can
-/// be built ahead of recording, on another thread. Matrices are held where the context
-/// keeps the type's ([`GpuContext::matrix_memory`]).
+/// for products of `cols` on rows of `n_cols` elements of type `ty` in single tokens and
+/// in steps of `batch` tokens, so that they can be built ahead of recording, on another
+/// thread; the builds that other batch sizes run are compiled when a step first runs
+/// them. Matrices are held where the context keeps the type's
+/// ([`GpuContext::matrix_memory`]).
 pub fn warm(
     ctx: &GpuContext,
     (ty, n_rows, n_cols): (GgmlType, u64, u64),
     cols: Columns,
     normed: bool,
+    batch: u32,
 ) -> Result<()> {
     let memory = ctx.matrix_memory(ty);
     let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols, memory)?;
@@ -1351,7 +1373,15 @@ pub fn warm(
     if single_tokens_uniform(ctx, v, cols, n_cols) {
         kernels(ctx, shape, Variant::KsU, Columns::Last, normed)?;
     }
-    kernels(ctx, shape, v, cols, normed).map(|_| ())
+    let step = StepInfo::new(0, batch.max(1));
+    for k in kernels(ctx, shape, v, cols, normed)? {
+        if let Pipe::Deferred(d) = &k.pipe {
+            if k.steps.admits(&step, cols) {
+                d.get()?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Bindings 2.. of a kernel that reads weights through common/w_storage.wgsl or

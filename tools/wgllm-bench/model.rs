@@ -71,6 +71,8 @@ pub fn run(a: &ModelArgs) -> Result<()> {
             device: a.device.clone(),
             ..Default::default()
         },
+        // The prompt test's kernels compile with the upload, as `run`'s do.
+        first_batch: Some(a.n_prompt.max(1)),
         ..Default::default()
     };
     let mut engine = load_engine(file.clone(), &cfg, &opts)?;
