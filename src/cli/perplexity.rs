@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use clap::Args;
 use wgllm::{Error, Result};
 
-use super::common::{load, prompt_text, ModelArgs};
+use super::common::{prompt_text, ModelArgs, Opened};
 
 #[derive(Args, Debug)]
 pub struct PerplexityArgs {
@@ -61,7 +61,9 @@ impl Nll {
 
 pub fn run(a: PerplexityArgs) -> Result<()> {
     let text = prompt_text(&None, &Some(a.file.clone()))?.unwrap_or_default();
-    let mut m = load(&a.model, true)?;
+    // Every step is a whole batch of a chunk (the load clamps the size to them): its
+    // kernels compile with the upload.
+    let mut m = Opened::new(&a.model)?.load(&a.model, true, (None, Some(usize::MAX)))?;
     let n_ctx = m.session.n_ctx() as usize;
     let tokens = m.tokenizer.encode(&text, true, false)?;
     let available = tokens.len() / n_ctx;
