@@ -594,13 +594,37 @@ impl Kernel {
 /// three tokens left (`Ks`; `KsU` batches run its own tiles; for the types of
 /// [`ks1_int`], `mul_mat_ks1i` over every token of a batch). A product of the last
 /// token alone never compiles a tile build. With `normed`, both fold in the norm before
-/// the product ([`folds_norm`]).
+/// the product ([`folds_norm`]). With `ones_elsewhere`, another kernel runs the single
+/// tokens (`KsU`'s, [`single_tokens_uniform`]): these run only the other steps, and the
+/// builds that single tokens would have run compile when a step first needs them.
 fn kernels(
+    ctx: &GpuContext,
+    shape: (GgmlType, u64, u64, WeightMemory),
+    v: Variant,
+    (cols, normed): (Columns, bool),
+    ones_elsewhere: bool,
+) -> Result<Vec<Kernel>> {
+    if !ones_elsewhere {
+        return kernels_compiled(ctx, shape, v, (cols, normed), NOW);
+    }
+    let mut ks = kernels_compiled(ctx, shape, v, (cols, normed), LATER)?;
+    ks.retain_mut(|k| match k.steps.beyond_one() {
+        Some(steps) => {
+            k.steps = steps;
+            true
+        }
+        None => false,
+    });
+    Ok(ks)
+}
+
+/// [`kernels`], the builds that single tokens run compiled `ones`.
+fn kernels_compiled(
     ctx: &GpuContext,
     (ty, n_rows, n_cols, memory): (GgmlType, u64, u64, WeightMemory),
     v: Variant,
-    cols: Columns,
-    normed: bool,
+    (cols, normed): (Columns, bool),
+    ones: Compile,
 ) -> Result<Vec<Kernel>> {
     if !ks1_fits(ctx, v, ty, n_cols) {
         if normed {
@@ -642,7 +666,7 @@ fn kernels(
         if !matches!(v, Variant::Ks | Variant::KsU) {
             return Ok(vec![Kernel::new(whole()?, Steps::Every)]);
         }
-        let untiled = kernel_pipeline(ctx, ty, v, memory, (Build::Untiled, NOW))?;
+        let untiled = kernel_pipeline(ctx, ty, v, memory, (Build::Untiled, ones))?;
         if cols == Columns::Last {
             return Ok(vec![Kernel::new(untiled, Steps::One)]);
         }
@@ -657,7 +681,7 @@ fn kernels(
         normed,
         tile: 1,
     };
-    let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), NOW))?;
+    let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), ones))?;
     let single = |steps| Kernel {
         pipe: single.clone(),
         steps,
@@ -677,15 +701,11 @@ fn kernels(
             let tiles = build(KS1_TILE)?;
             if ks1_int(ty) {
                 // `mul_mat_ks1i` runs every token of a batch, its last tile padded.
-                if std::env::var("ONLY8").is_ok() {
-                    vec![single(Steps::One), Kernel::new(build(8)?, Steps::Several)]
-                } else {
-                    vec![
-                        single(Steps::One),
-                        Kernel::new(tiles, Steps::Fours),
-                        Kernel::new(build(8)?, Steps::Eights),
-                    ]
-                }
+                vec![
+                    single(Steps::One),
+                    Kernel::new(tiles, Steps::Fours),
+                    Kernel::new(build(8)?, Steps::Eights),
+                ]
             } else {
                 vec![single(Steps::OneOrTail), Kernel::new(tiles, Steps::Tiles)]
             }
@@ -1223,19 +1243,16 @@ fn gpu_out(
     let mut runs = Vec::new();
     if direct {
         // Single tokens: `KsU`'s single-token build, reading x where it lies.
-        let ks = kernels(ctx, shape, Variant::KsU, Columns::Last, norm.is_some())?;
+        let ks = kernels(
+            ctx,
+            shape,
+            Variant::KsU,
+            (Columns::Last, norm.is_some()),
+            false,
+        )?;
         runs.push((Variant::KsU, (0, per_xu as u32), ks));
     }
-    let mut ks = kernels(ctx, shape, v, cols, norm.is_some())?;
-    if direct {
-        ks.retain_mut(|k| match k.steps.beyond_one() {
-            Some(steps) => {
-                k.steps = steps;
-                true
-            }
-            None => false,
-        });
-    }
+    let ks = kernels(ctx, shape, v, (cols, norm.is_some()), direct)?;
     runs.push((v, (0, u32::MAX), ks));
     for (v, toks, ks) in runs {
         for k in ks {
@@ -1370,11 +1387,12 @@ pub fn warm(
     }
     let shape = (ty, n_rows, n_cols, memory);
     // The models' activations can be bound as uniforms (`upload::activations`).
-    if single_tokens_uniform(ctx, v, cols, n_cols) {
-        kernels(ctx, shape, Variant::KsU, Columns::Last, normed)?;
+    let ones_elsewhere = single_tokens_uniform(ctx, v, cols, n_cols);
+    if ones_elsewhere {
+        kernels(ctx, shape, Variant::KsU, (Columns::Last, normed), false)?;
     }
     let step = StepInfo::new(0, batch.max(1));
-    for k in kernels(ctx, shape, v, cols, normed)? {
+    for k in kernels(ctx, shape, v, (cols, normed), ones_elsewhere)? {
         if let Pipe::Deferred(d) = &k.pipe {
             if k.steps.admits(&step, cols) {
                 d.get()?;
@@ -1484,7 +1502,7 @@ fn gpu_uniform_x(
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
     let shape = (w.ty, w.n_rows(), w.n_cols(), w.memory);
-    let kernels = kernels(ctx, shape, v, cols, norm.is_some())?;
+    let kernels = kernels(ctx, shape, v, (cols, norm.is_some()), false)?;
     let copy = super::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {
