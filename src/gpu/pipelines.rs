@@ -1,7 +1,7 @@
 //! Compute pipelines, made once and cached by (label, override constants).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::{Error, Result};
 
@@ -124,7 +124,8 @@ impl PipelineCache {
             constants: constants.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
             layout: group_layout(device, label, bindings),
             source: source()?,
-            made: Mutex::new(None),
+            made: OnceLock::new(),
+            compiling: Mutex::new(()),
         });
         map.insert(key, d.clone());
         Ok(d)
@@ -158,7 +159,9 @@ pub struct Deferred {
     constants: Vec<(String, f64)>,
     layout: wgpu::BindGroupLayout,
     source: String,
-    made: Mutex<Option<Arc<wgpu::ComputePipeline>>>,
+    made: OnceLock<Arc<wgpu::ComputePipeline>>,
+    /// Held while compiling: a second caller waits instead of compiling it again.
+    compiling: Mutex<()>,
 }
 
 impl Deferred {
@@ -168,8 +171,11 @@ impl Deferred {
 
     /// The pipeline, compiled by the first caller (others wait for it).
     pub fn get(&self) -> Result<Arc<wgpu::ComputePipeline>> {
-        let mut made = self.made.lock().map_err(|_| poisoned())?;
-        if let Some(p) = made.as_ref() {
+        if let Some(p) = self.made.get() {
+            return Ok(p.clone());
+        }
+        let _compiling = self.compiling.lock().map_err(|_| poisoned())?;
+        if let Some(p) = self.made.get() {
             return Ok(p.clone());
         }
         let constants: Vec<(&str, f64)> = self
@@ -185,13 +191,12 @@ impl Deferred {
             layout,
             &self.source,
         )?);
-        *made = Some(p.clone());
-        Ok(p)
+        Ok(self.made.get_or_init(|| p).clone())
     }
 
     /// Whether it has been compiled.
     pub fn is_made(&self) -> bool {
-        self.made.lock().map(|p| p.is_some()).unwrap_or(false)
+        self.made.get().is_some()
     }
 }
 

@@ -133,7 +133,8 @@ impl Dispatch {
     /// Its deferred pipeline, if it has one not yet compiled and `step` runs it.
     fn unmade(&self, step: &StepInfo) -> Option<&Arc<crate::gpu::pipelines::Deferred>> {
         match &self.pipeline {
-            Pipe::Deferred(d) if !d.is_made() && !self.grid(step).contains(&0) => Some(d),
+            // The grid first: a single token's step runs none of the batch kernels.
+            Pipe::Deferred(d) if !self.grid(step).contains(&0) && !d.is_made() => Some(d),
             _ => None,
         }
     }

@@ -273,7 +273,7 @@ fn ks1i_eight(n: u32) -> bool {
     n >= KS1I_EIGHT_MIN
 }
 
-/// Fewest tokens that `mul_mat_ks1i` runs in tiles of eight ([`ks1i_eight`]).
+/// Fewest tokens that `mul_mat_ks1i` runs in tiles of eight (`ks1i_eight`).
 pub const KS1I_EIGHT_MIN: u32 = 64;
 
 /// Fewest tokens for which `mul_mat_ks` runs a tile (of eight; five to seven run as one
@@ -348,6 +348,10 @@ enum Compile {
     Now,
     OnFirstUse,
 }
+
+const NOW: Compile = Compile::Now;
+/// The builds of [`kernels`] that no single token runs.
+const LATER: Compile = Compile::OnFirstUse;
 
 /// Which build of a variant's kernel.
 #[derive(Clone, Copy, Debug)]
@@ -592,11 +596,14 @@ impl Kernel {
 /// [`ks1_fits`], `mul_mat_ks1` for single tokens and, in batches, its build with tiles
 /// of four tokens over the whole tiles beside the single-token build over the one to
 /// three tokens left (`Ks`; `KsU` batches run its own tiles; for the types of
-/// [`ks1_int`], `mul_mat_ks1i` over every token of a batch). A product of the last
-/// token alone never compiles a tile build. With `normed`, both fold in the norm before
-/// the product ([`folds_norm`]). With `ones_elsewhere`, another kernel runs the single
-/// tokens (`KsU`'s, [`single_tokens_uniform`]): these run only the other steps, and the
-/// builds that single tokens would have run compile when a step first needs them.
+/// [`ks1_int`], `mul_mat_ks1i` over every token of a batch, in tiles of four or, from
+/// [`KS1I_EIGHT_MIN`] tokens, of eight). Builds that only batches run compile when a
+/// step first runs them ([`warm`] compiles those of a given batch size). A product of
+/// the last token alone never compiles a tile build. With `normed`, both fold in the
+/// norm before the product ([`folds_norm`]). With `ones_elsewhere`, another kernel
+/// runs the single tokens (`KsU`'s, [`single_tokens_uniform`]): these run only the
+/// other steps, and the builds that single tokens would have run compile when a step
+/// first needs them.
 fn kernels(
     ctx: &GpuContext,
     shape: (GgmlType, u64, u64, WeightMemory),
@@ -723,10 +730,6 @@ fn kernels_compiled(
         ],
     })
 }
-
-const NOW: Compile = Compile::Now;
-/// The builds of [`kernels`] that no single token runs.
-const LATER: Compile = Compile::OnFirstUse;
 
 /// `mul_mat_mm` for the batches of [`MM_MIN`] tokens or more of a `v` product.
 fn mm_kernel(ctx: &GpuContext, ty: GgmlType, v: Variant, memory: WeightMemory) -> Result<Kernel> {
