@@ -221,6 +221,14 @@ pub enum Proj<W, const N: usize> {
     Split([W; N]),
     /// The matrix and each product's rows.
     Fused(W, [u32; N]),
+    /// The first products in one matrix (`fused`, with each one's rows), the others
+    /// one by one (`rest`): where the last ones cannot join it, as Q4_K_M models' V
+    /// (Q6_K in some layers, beside Q4_K Q and K).
+    Leading {
+        fused: W,
+        rows: Vec<u32>,
+        rest: Vec<W>,
+    },
 }
 
 impl<W, const N: usize> Proj<W, N> {
@@ -239,6 +247,14 @@ impl<W, const N: usize> Proj<W, N> {
                 Ok(())
             }
             Proj::Fused(w, rows) => o.mul_mat_rows(w, x, &ys, rows),
+            Proj::Leading { fused, rows, rest } => {
+                let (first, others) = ys.split_at(rows.len().min(N));
+                o.mul_mat_rows(fused, x, first, rows)?;
+                for (w, y) in rest.iter().zip(others) {
+                    o.mul_mat(w, x, y, Columns::All)?;
+                }
+                Ok(())
+            }
         }
     }
 }

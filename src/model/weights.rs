@@ -51,15 +51,26 @@ pub fn layer<W>(
         expect_dims(file, &name, dims)?;
         load(&name)
     };
-    // Fused when `fuse` builds the matrix; else the products one by one.
+    // Fused when `fuse` builds the matrix; else, of three or more, all but the last
+    // when it builds theirs (the last's type may differ); else one by one.
     macro_rules! proj {
         ($($suffix:literal: $dims:expr),+) => {{
             $(expect_dims(file, &name($suffix), &$dims)?;)+
             let names = [$(name($suffix)),+];
             let refs: Vec<&str> = names.iter().map(|n| n.as_str()).collect();
+            let rows = [$($dims[1] as u32),+];
+            let (suffixes, dims) = ([$($suffix),+], [$($dims),+]);
+            let n = refs.len();
             match fuse(&refs)? {
-                Some(w) => Proj::Fused(w, [$($dims[1] as u32),+]),
-                None => Proj::Split([$(get($suffix, &$dims)?),+]),
+                Some(w) => Proj::Fused(w, rows),
+                None => match if n > 2 { fuse(&refs[..n - 1])? } else { None } {
+                    Some(fused) => Proj::Leading {
+                        fused,
+                        rows: rows[..n - 1].to_vec(),
+                        rest: vec![get(suffixes[n - 1], &dims[n - 1])?],
+                    },
+                    None => Proj::Split([$(get($suffix, &$dims)?),+]),
+                },
             }
         }};
     }
