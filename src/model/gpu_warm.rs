@@ -103,7 +103,7 @@ impl Ops for Warm<'_> {
         if !self.attention {
             self.attention = true;
             self.jobs
-                .extend(crate::ops::attention::warm_jobs(self.ctx, a));
+                .extend(crate::ops::attention::warm_jobs(self.ctx, a, self.batch));
         }
         Ok(())
     }

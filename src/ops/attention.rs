@@ -6,8 +6,10 @@
 //! model looked.
 
 use super::{
-    dispatch, groups, op_pipeline, CopyExtent, Dispatch, StepInfo, TextureCopy, WarmJob, WG,
+    dispatch, groups, op_pipeline, op_pipeline_later, CopyExtent, Dispatch, Pipe, StepInfo,
+    TextureCopy, WarmJob, WG,
 };
+use crate::gpu::pipelines::Binding;
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
 
@@ -23,6 +25,29 @@ const OUT_TILE_TOKENS: u32 = 8;
 const KERNELS: [&str; 3] = ["kv_store", "attn_scores", "attn_out"];
 const BATCH_KERNELS: [&str; 2] = ["attn_scores_t4", "attn_out_t8"];
 const BATCH_TEXTURE_KERNELS: [&str; 2] = ["attn_scores_t4_tex", "attn_out_t8_tex"];
+
+/// The bindings of the scores and weighted-sum kernels: the step, their parameters,
+/// their two operands (storage buffers, or textures for the `_tex` builds) and their
+/// output.
+const fn attention_layout(operand: Binding) -> [Binding; 5] {
+    [
+        Binding::Uniform,
+        Binding::Uniform,
+        operand,
+        operand,
+        Binding::ReadWrite,
+    ]
+}
+
+/// A batch kernel of attention (`BATCH_KERNELS`, `BATCH_TEXTURE_KERNELS`): compiled when
+/// a step first runs it, or when the load warms a first step of several tokens.
+fn batch_pipeline(ctx: &GpuContext, name: &str) -> Result<Pipe> {
+    let operand = match name.ends_with("_tex") {
+        true => Binding::Texture,
+        false => Binding::Read,
+    };
+    op_pipeline_later(ctx, name, &attention_layout(operand))
+}
 
 /// Textures that a batch's attention reads its operands from, copied there from their
 /// buffers (`attn_scores_t4_tex`: Q and the K cache, once per layer and step;
@@ -120,23 +145,31 @@ fn tex_dispatch<P: bytemuck::Pod>(
         wgpu::BindingResource::TextureView(&textures[1].1),
         out.as_entire_binding(),
     ];
-    let pipeline = op_pipeline(ctx, name)?;
+    let pipeline = batch_pipeline(ctx, name)?;
     super::dispatch_bound(ctx, name, pipeline, step, params, resources, grid)
 }
 
 /// Compiling (or finding) each pipeline of `attn` ahead of recording, one job per
-/// pipeline, for any thread.
-pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention) -> Vec<WarmJob<'a>> {
-    let batch = if attn.reads_textures(ctx) {
+/// pipeline, for any thread; the batch kernels only for a first step of `batch` tokens
+/// over one.
+pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention, batch: u32) -> Vec<WarmJob<'a>> {
+    let batch_kernels = if attn.reads_textures(ctx) {
         BATCH_TEXTURE_KERNELS
     } else {
         BATCH_KERNELS
     };
     let mut jobs: Vec<WarmJob<'_>> = KERNELS
         .into_iter()
-        .chain(batch)
         .map(|name| Box::new(move || op_pipeline(ctx, name).map(drop)) as WarmJob<'_>)
         .collect();
+    if batch > 1 {
+        for name in batch_kernels {
+            jobs.push(Box::new(move || match batch_pipeline(ctx, name)? {
+                Pipe::Deferred(d) => d.get().map(drop),
+                Pipe::Ready(_) => Ok(()),
+            }));
+        }
+    }
     let n_ctx = attn.n_ctx;
     jobs.push(Box::new(move || {
         super::reduce_pipeline(ctx, "softmax", &[], n_ctx).map(drop)
@@ -539,15 +572,11 @@ impl Attention {
         };
         let scores = |name: &str, tt: u32, on: fn(&StepInfo) -> bool| {
             let bufs = [q, k_cache, probs];
-            dispatch(
-                ctx,
-                name,
-                op_pipeline(ctx, name)?,
-                step,
-                &sp,
-                &bufs,
-                grid(tt, on),
-            )
+            let pipe = match tt {
+                1 => Pipe::Ready(op_pipeline(ctx, name)?),
+                _ => batch_pipeline(ctx, name)?,
+            };
+            dispatch(ctx, name, pipe, step, &sp, &bufs, grid(tt, on))
         };
         let scores1 = scores("attn_scores", 1, one)?;
         let batch = |s: &StepInfo| s.n_tokens != 1;
@@ -591,15 +620,11 @@ impl Attention {
         };
         let weighted = |name: &str, tt: u32, on: fn(&StepInfo) -> bool| {
             let bufs = [probs, v_cache, out];
-            dispatch(
-                ctx,
-                name,
-                op_pipeline(ctx, name)?,
-                step,
-                &op,
-                &bufs,
-                out_grid(tt, on),
-            )
+            let pipe = match tt {
+                1 => Pipe::Ready(op_pipeline(ctx, name)?),
+                _ => batch_pipeline(ctx, name)?,
+            };
+            dispatch(ctx, name, pipe, step, &op, &bufs, out_grid(tt, on))
         };
         let out1 = weighted("attn_out", 1, one)?;
         let out4 = match tex {

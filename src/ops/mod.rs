@@ -328,6 +328,21 @@ pub(crate) fn op_pipeline(
     })
 }
 
+/// [`op_pipeline`] laid out as `bindings`, compiled when a step first runs it (a
+/// kernel only batches run: [`crate::gpu::pipelines::Deferred`]).
+pub(crate) fn op_pipeline_later(
+    ctx: &GpuContext,
+    name: &str,
+    bindings: &[crate::gpu::pipelines::Binding],
+) -> crate::Result<Pipe> {
+    let d = ctx
+        .pipelines
+        .deferred(&ctx.device, name, &[], bindings, || {
+            crate::gpu::shaders::op_source(name)
+        })?;
+    Ok(Pipe::Deferred(d))
+}
+
 /// The pipeline of a kernel that reduces rows of `span` elements over its workgroup
 /// (`rms_norm`, `softmax`, `rope_store_norm`), with `constants`.
 ///
