@@ -51,7 +51,9 @@ type Slot = Arc<Mutex<Option<Arc<wgpu::ComputePipeline>>>>;
 /// (a model's weight-dependent kernels are warmed while its weights upload).
 #[derive(Default)]
 pub struct PipelineCache {
+    /// Pipelines laid out as their shaders' bindings.
     map: Mutex<HashMap<String, Slot>>,
+    /// Pipelines laid out as the caller says, compiled when asked for or on first use.
     deferred: Mutex<HashMap<String, Arc<Deferred>>>,
 }
 
@@ -70,7 +72,9 @@ impl PipelineCache {
 
     /// As [`get`](Self::get), with group 0 laid out as `bindings` (binding i holds
     /// `bindings[i]`) whether or not the shader uses each one, so that one set of
-    /// buffers binds every specialisation of a kernel.
+    /// buffers binds every specialisation of a kernel. Laid-out pipelines are the
+    /// entries of [`deferred`](Self::deferred), compiled here: one entry per key,
+    /// whether it is asked for now or on first use.
     pub fn get_laid_out(
         &self,
         device: &wgpu::Device,
@@ -79,6 +83,9 @@ impl PipelineCache {
         bindings: Option<&[Binding]>,
         source: impl FnOnce() -> Result<String>,
     ) -> Result<Arc<wgpu::ComputePipeline>> {
+        if let Some(b) = bindings {
+            return self.deferred(device, label, constants, b, source)?.get();
+        }
         let key = format!("{label}{constants:?}");
         let slot = {
             let mut map = self.map.lock().map_err(|_| poisoned())?;
@@ -89,14 +96,7 @@ impl PipelineCache {
         if let Some(p) = slot.as_ref() {
             return Ok(p.clone());
         }
-        let layout = bindings.map(|b| group_layout(device, label, b));
-        let p = Arc::new(compile(
-            device,
-            label,
-            constants,
-            layout.as_ref(),
-            &source()?,
-        )?);
+        let p = Arc::new(compile(device, label, constants, None, &source()?)?);
         *slot = Some(p.clone());
         Ok(p)
     }
