@@ -31,6 +31,44 @@ pub struct EngineOptions {
     pub capture_attention: bool,
     /// Tokens in the first step, where known ([`LoadOptions::first_batch`]).
     pub first_batch: Option<u32>,
+    /// The GPU to run on, where the caller opened it ahead ([`open_gpu`]).
+    pub gpu: Gpu,
+}
+
+/// The GPU a load runs on.
+#[derive(Clone, Default)]
+pub enum Gpu {
+    /// The load opens the one [`EngineOptions::device`] and
+    /// [`EngineOptions::prefer_hardware`] ask for.
+    #[default]
+    ToOpen,
+    /// Opened ahead by [`open_gpu`] with the same options, while the caller did other
+    /// work (a tokenizer's build): a context, or `None` where no hardware GPU was found.
+    Opened(Option<Arc<GpuContext>>),
+}
+
+impl std::fmt::Debug for Gpu {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Gpu::ToOpen => write!(f, "ToOpen"),
+            Gpu::Opened(None) => write!(f, "Opened(none)"),
+            Gpu::Opened(Some(c)) => write!(f, "Opened({})", c.info.name),
+        }
+    }
+}
+
+/// Opens the GPU named in `device`, else with `prefer_hardware` a hardware GPU (`None`
+/// where there is none: the model runs on the CPU), else the best adapter.
+pub fn open_gpu(device: &DeviceOptions, prefer_hardware: bool) -> Result<Option<Arc<GpuContext>>> {
+    let adapter = if prefer_hardware && device.device.is_none() {
+        match crate::gpu::context::hardware_adapter() {
+            Some(a) => a,
+            None => return Ok(None),
+        }
+    } else {
+        crate::gpu::context::pick_adapter(device)?
+    };
+    Ok(Some(Arc::new(GpuContext::from_adapter(adapter, device)?)))
 }
 
 impl Default for EngineOptions {
@@ -45,6 +83,7 @@ impl Default for EngineOptions {
             progress: false,
             capture_attention: false,
             first_batch: None,
+            gpu: Gpu::ToOpen,
         }
     }
 }
@@ -77,15 +116,13 @@ pub fn load_engine(
     if first_gpu == cfg.n_layer && !head_gpu {
         return Ok(Box::new(cpu(0..cfg.n_layer)?));
     }
-    let adapter = if opts.prefer_hardware && opts.device.device.is_none() {
-        match crate::gpu::context::hardware_adapter() {
-            Some(a) => a,
-            None => return Ok(Box::new(cpu(0..cfg.n_layer)?)),
-        }
-    } else {
-        crate::gpu::context::pick_adapter(&opts.device)?
+    let ctx = match &opts.gpu {
+        Gpu::Opened(ctx) => ctx.clone(),
+        Gpu::ToOpen => open_gpu(&opts.device, opts.prefer_hardware)?,
     };
-    let ctx = Arc::new(GpuContext::from_adapter(adapter, &opts.device)?);
+    let Some(ctx) = ctx else {
+        return Ok(Box::new(cpu(0..cfg.n_layer)?));
+    };
     let gpu_opts = |layers: std::ops::Range<u32>, head: bool| LoadOptions {
         layers: Some(layers),
         head,
@@ -137,6 +174,10 @@ impl Engine for Hybrid {
             _ => self.gpu.max_batch,
         };
         gpu.min(self.cpu.max_batch)
+    }
+
+    fn compiles_for(&self, n: u32, pos: u32) -> bool {
+        self.gpu.compiles_for(n, pos)
     }
 
     fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {

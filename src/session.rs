@@ -30,6 +30,28 @@ pub trait Engine: Send {
     /// Where the model runs, for people: [`CPU_DEVICE`], or the GPU layers and the
     /// adapter.
     fn device(&self) -> String;
+    /// Whether a step of `n` tokens at `pos` would first compile kernels (a GPU's
+    /// batch builds that no step has run yet).
+    fn compiles_for(&self, _n: u32, _pos: u32) -> bool {
+        false
+    }
+}
+
+/// Prompts of at most this many tokens run one token at a time where a batch of their
+/// size would first compile its kernels: on lavapipe, Gemma 3's builds for a batch of
+/// two take about 240 ms of compiling, while its two tokens one at a time take about
+/// 35 ms more than the batch (docs/perf.md). [`first_batch`] leaves their builds out
+/// of the upload.
+pub const SHORT_PROMPT: usize = 2;
+
+/// The first step's size to prepare the kernels of, for a prompt of `n` tokens: a
+/// short prompt ([`SHORT_PROMPT`]) runs single tokens.
+pub fn first_batch(n: usize) -> u32 {
+    if n <= SHORT_PROMPT {
+        1
+    } else {
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
 }
 
 /// [`Engine::device`] of a model that runs on the CPU alone.
@@ -54,6 +76,9 @@ impl Engine for crate::model::gpu_backend::GpuModel {
     fn step_argmax(&mut self, tokens: &[u32], pos: u32) -> Result<u32> {
         use crate::model::gpu_backend::Input;
         self.step_argmax_io(Input::Tokens(tokens), pos)
+    }
+    fn compiles_for(&self, n: u32, pos: u32) -> bool {
+        crate::model::gpu_backend::GpuModel::compiles_for(self, n, pos)
     }
     fn device(&self) -> String {
         format!(
@@ -165,7 +190,11 @@ impl Session {
         }
         self.check_room(tokens.len())?;
         let t0 = Instant::now();
-        let batch = self.n_batch.min(self.engine.max_batch(Logits::Last)).max(1) as usize;
+        let mut batch = self.n_batch.min(self.engine.max_batch(Logits::Last)).max(1) as usize;
+        let n = tokens.len().min(batch) as u32;
+        if tokens.len() <= SHORT_PROMPT && self.engine.compiles_for(n, self.n_past()) {
+            batch = 1;
+        }
         let n_chunks = tokens.len().div_ceil(batch);
         for (i, chunk) in tokens.chunks(batch).enumerate() {
             // Only the last chunk's output is sampled from.
@@ -225,5 +254,82 @@ impl Session {
             self.history.extend_from_slice(chunk);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::gguf::synth::{LlamaShape, SynthQuant, SynthSpec};
+
+    /// An engine that records the size of every step, for which a step of
+    /// `batch_compiles` tokens or more would compile kernels.
+    struct Steps {
+        cfg: Config,
+        sizes: Arc<Mutex<Vec<usize>>>,
+        batch_compiles: u32,
+    }
+
+    impl Engine for Steps {
+        fn config(&self) -> &Config {
+            &self.cfg
+        }
+        fn n_ctx(&self) -> u32 {
+            64
+        }
+        fn max_batch(&self, _: Logits) -> u32 {
+            16
+        }
+        fn step(&mut self, tokens: &[u32], _: u32, _: Logits) -> Result<Vec<f32>> {
+            self.sizes.lock().unwrap().push(tokens.len());
+            Ok(vec![0.0; 4])
+        }
+        fn device(&self) -> String {
+            CPU_DEVICE.into()
+        }
+        fn compiles_for(&self, n: u32, _: u32) -> bool {
+            n >= self.batch_compiles
+        }
+    }
+
+    /// The step sizes a prompt of `prompt` tokens is fed in.
+    fn fed(prompt: usize, batch_compiles: u32) -> Vec<usize> {
+        let mut md = crate::gguf::Metadata::new();
+        for (k, v) in SynthSpec::new(LlamaShape::TINY, SynthQuant::Q4_0).metadata() {
+            md.insert(k, v);
+        }
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let engine = Steps {
+            cfg: Config::from_metadata(&md).unwrap(),
+            sizes: sizes.clone(),
+            batch_compiles,
+        };
+        let mut s = Session::new(Box::new(engine), 16);
+        let tokens: Vec<u32> = (0..prompt as u32).collect();
+        s.feed(&tokens).unwrap();
+        assert_eq!(s.n_past() as usize, prompt);
+        let sizes = sizes.lock().unwrap().clone();
+        sizes
+    }
+
+    #[test]
+    fn short_prompts_run_single_tokens_rather_than_compile() {
+        // Batch kernels not compiled yet: a two-token prompt runs one token at a time.
+        assert_eq!(fed(SHORT_PROMPT, 2), vec![1; SHORT_PROMPT]);
+        // Already compiled (or an engine that never compiles): one batch.
+        assert_eq!(fed(SHORT_PROMPT, u32::MAX), [SHORT_PROMPT]);
+        // Longer prompts are batched whatever it costs.
+        assert_eq!(fed(SHORT_PROMPT + 1, 2), [SHORT_PROMPT + 1]);
+        assert_eq!(fed(20, 2), [16, 4]);
+        assert_eq!(fed(1, 1), [1]);
+    }
+
+    #[test]
+    fn first_batch_of_a_short_prompt_is_a_single_token() {
+        assert_eq!(first_batch(1), 1);
+        assert_eq!(first_batch(SHORT_PROMPT), 1);
+        assert_eq!(first_batch(SHORT_PROMPT + 1), SHORT_PROMPT as u32 + 1);
     }
 }

@@ -274,7 +274,18 @@ fn first_batch_kernels_compile_with_the_upload() {
         };
         let mut gpu = GpuModel::load(ctx.clone(), &file, cfg.clone(), &lo).unwrap();
         let loaded = ctx.pipelines.len();
+        let n = ids.len() as u32;
+        assert!(
+            !gpu.compiles_for(1, 0),
+            "single tokens compile after a load"
+        );
+        assert_eq!(
+            gpu.compiles_for(n, 0),
+            first == 1,
+            "load for {first} tokens"
+        );
         let logits = gpu.step(&ids, 0, Logits::Last).unwrap();
+        assert!(!gpu.compiles_for(n, n), "a step's kernels compile again");
         runs.push((loaded, ctx.pipelines.len(), logits));
     }
     let (one, long) = (&runs[0], &runs[1]);

@@ -825,6 +825,13 @@ impl GpuModel {
         self.step_io(Input::Tokens(tokens), pos, Output::Logits(mode))
     }
 
+    /// Whether a step of `n` tokens at `pos` would first compile kernels that no step
+    /// has run yet (a batch size whose builds were not prepared with the upload).
+    pub fn compiles_for(&self, n: u32, pos: u32) -> bool {
+        let info = StepInfo::new(pos, n);
+        crate::ops::needs_compile(self.body.iter().chain(&self.last.0), &info)
+    }
+
     /// One forward step from `input` at positions `pos..`, returning `output`. On a
     /// lost device this is an error saying so (and what to do), never a panic.
     pub fn step_io(&mut self, input: Input<'_>, pos: u32, output: Output) -> Result<Vec<f32>> {

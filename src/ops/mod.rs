@@ -176,6 +176,11 @@ impl Dispatch {
     }
 }
 
+/// Whether `plan` runs in `step` a deferred pipeline that is not compiled yet.
+pub fn needs_compile<'a>(plan: impl IntoIterator<Item = &'a Dispatch>, step: &StepInfo) -> bool {
+    plan.into_iter().any(|d| d.unmade(step).is_some())
+}
+
 /// Compile the deferred pipelines that `plan` runs in `step` and that no step has run
 /// yet, on one thread per core (a model's first long batch: `ops::mul_mat`'s tiles of
 /// eight).
