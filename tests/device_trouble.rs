@@ -138,6 +138,39 @@ fn software_adapters_run_only_when_named() {
 }
 
 #[test]
+fn each_listed_index_runs_that_adapter() {
+    // `--device N` resolves against the list `wgllm devices` prints, which gives the
+    // primary backends' adapters (Vulkan, Metal, DX12) before GL's: an index among the
+    // first never starts GL, and one past them must still find GL's.
+    let adapters = wgllm::gpu::context::list_adapters();
+    assert!(!adapters.is_empty(), "no GPU adapter: install lavapipe");
+    let gl = adapters
+        .iter()
+        .position(|a| a.info.backend == wgpu::Backend::Gl);
+    if let Some(first_gl) = gl {
+        assert!(
+            adapters[first_gl..]
+                .iter()
+                .all(|a| a.info.backend == wgpu::Backend::Gl),
+            "GL adapters listed among the others"
+        );
+    }
+    let m = model_path();
+    let m = m.to_str().unwrap();
+    for (i, a) in adapters.iter().enumerate() {
+        let index = i.to_string();
+        let args = [
+            "run", "-m", m, "-p", "hi", "-n", "1", "--quiet", "--device", &index,
+        ];
+        let out = wgllm(&args, &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        let want = format!("[{} ({:?})]", a.info.name, a.info.backend);
+        assert!(stderr.contains(&want), "--device {i}: {stderr}, not {want}");
+    }
+}
+
+#[test]
 fn unknown_device_lists_the_adapters() {
     let m = model_path();
     let m = m.to_str().unwrap();

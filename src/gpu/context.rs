@@ -154,9 +154,34 @@ fn ranked_adapters(default: wgpu::Backends) -> Vec<wgpu::Adapter> {
     adapters
 }
 
-/// All adapters, in [`ranked_adapters`]' order.
+/// Every adapter, in the order `wgllm devices` lists them: those of the primary
+/// backends (Vulkan, Metal, DX12) in [`ranked_adapters`]' order, then those of the
+/// secondary ones (GL), ranked the same way. With `WGPU_BACKEND` set, the adapters of
+/// the backends it names, ranked.
 pub fn enumerate() -> Vec<wgpu::Adapter> {
-    ranked_adapters(wgpu::Backends::all())
+    let mut all = adapter_group(Group::Primary);
+    all.extend(adapter_group(Group::Secondary));
+    all
+}
+
+/// The two groups [`enumerate`] lists.
+#[derive(Clone, Copy, PartialEq)]
+enum Group {
+    Primary,
+    Secondary,
+}
+
+fn adapter_group(g: Group) -> Vec<wgpu::Adapter> {
+    if std::env::var_os("WGPU_BACKEND").is_some() {
+        return match g {
+            Group::Primary => ranked_adapters(wgpu::Backends::all()),
+            Group::Secondary => Vec::new(),
+        };
+    }
+    ranked_adapters(match g {
+        Group::Primary => wgpu::Backends::PRIMARY,
+        Group::Secondary => wgpu::Backends::SECONDARY,
+    })
 }
 
 /// The best hardware GPU (anything but a software, CPU-type adapter) of the primary
@@ -234,14 +259,25 @@ fn no_adapter() -> Error {
     }
 }
 
-/// The adapter `opts` names, else the first of [`enumerate`].
+/// The adapter `opts` names (an index into [`enumerate`]'s list, or part of a name: the
+/// first that matches), else the best ranked of all. The secondary backends (GL: EGL
+/// and a GL driver, about 10 MiB and tens of milliseconds to start on lavapipe
+/// machines) start only when the primary ones' adapters do not settle the choice.
 pub fn pick_adapter(opts: &DeviceOptions) -> Result<wgpu::Adapter> {
-    let adapters = enumerate();
+    let want = opts.device.as_deref();
+    let mut adapters = adapter_group(Group::Primary);
+    if !settles(&adapters, want) {
+        adapters.extend(adapter_group(Group::Secondary));
+    }
     if adapters.is_empty() {
         return Err(no_adapter());
     }
-    let Some(want) = opts.device.as_deref() else {
-        return adapters.into_iter().next().ok_or_else(no_adapter);
+    let Some(want) = want else {
+        // The best rank; of equals, the first (a primary backend's).
+        return adapters
+            .into_iter()
+            .min_by_key(|a| device_rank(a.get_info().device_type))
+            .ok_or_else(no_adapter);
     };
     let names: Vec<String> = adapters.iter().map(|a| a.get_info().name).collect();
     if let Ok(i) = want.parse::<usize>() {
@@ -253,16 +289,38 @@ pub fn pick_adapter(opts: &DeviceOptions) -> Result<wgpu::Adapter> {
             ))
         });
     }
-    let lower = want.to_lowercase();
     adapters
         .into_iter()
-        .find(|a| a.get_info().name.to_lowercase().contains(&lower))
+        .find(|a| name_matches(a, want))
         .ok_or_else(|| {
             Error::gpu(format!(
                 "--device {want:?} matches no adapter; available: {}",
                 names.join(", ")
             ))
         })
+}
+
+/// Whether the primary backends' `adapters` decide [`pick_adapter`]'s choice for
+/// `want` whatever the secondary backends hold: a hardware GPU where none is named (the
+/// secondary ones' would tie at best), an index within them, or a name one of them has.
+fn settles(adapters: &[wgpu::Adapter], want: Option<&str>) -> bool {
+    match want {
+        None => adapters
+            .first()
+            .is_some_and(|a| device_rank(a.get_info().device_type) == 0),
+        Some(w) => match w.parse::<usize>() {
+            Ok(i) => i < adapters.len(),
+            Err(_) => adapters.iter().any(|a| name_matches(a, w)),
+        },
+    }
+}
+
+/// Whether `want` is part of the adapter's name, ignoring case.
+fn name_matches(a: &wgpu::Adapter, want: &str) -> bool {
+    a.get_info()
+        .name
+        .to_lowercase()
+        .contains(&want.to_lowercase())
 }
 
 impl GpuContext {
