@@ -22,7 +22,8 @@ const OUT_TILE_TOKENS: u32 = 8;
 /// The attention kernels a model's steps dispatch (`Attention::gpu`): those every
 /// step may run, and the batch kernels that read storage buffers or, where
 /// [`AttnTextures`] are made, textures.
-const KERNELS: [&str; 3] = ["kv_store", "attn_scores", "attn_out"];
+/// The single-token scores and weighted sum, where `attn_decode` does not run them.
+const SINGLE_KERNELS: [&str; 2] = ["attn_scores", "attn_out"];
 const BATCH_KERNELS: [&str; 2] = ["attn_scores_t4", "attn_out_t8"];
 const BATCH_TEXTURE_KERNELS: [&str; 2] = ["attn_scores_t4_tex", "attn_out_t8_tex"];
 
@@ -39,14 +40,33 @@ const fn attention_layout(operand: Binding) -> [Binding; 5] {
     ]
 }
 
-/// A batch kernel of attention (`BATCH_KERNELS`, `BATCH_TEXTURE_KERNELS`): compiled when
-/// a step first runs it, or when the load warms a first step of several tokens.
+/// A kernel of attention compiled when a step first runs it, or when the load warms it:
+/// the batch kernels (`BATCH_KERNELS`, `BATCH_TEXTURE_KERNELS`), and the single-token
+/// ones where `attn_decode` runs single tokens ([`single_pipeline`]).
 fn batch_pipeline(ctx: &GpuContext, name: &str) -> Result<Pipe> {
     let operand = match name.ends_with("_tex") {
         true => Binding::Texture,
         false => Binding::Read,
     };
     op_pipeline_later(ctx, name, &attention_layout(operand))
+}
+
+/// A single-token kernel of [`SINGLE_KERNELS`]. Where `attn_decode` runs single tokens
+/// (`decodes`), these run only past [`DECODE_MAX_KV`] cached positions, and compile when a
+/// step first needs them (or with the load, for a context that long).
+fn single_pipeline(ctx: &GpuContext, name: &str, decodes: bool) -> Result<Pipe> {
+    match decodes {
+        true => batch_pipeline(ctx, name),
+        false => Ok(Pipe::Ready(op_pipeline(ctx, name)?)),
+    }
+}
+
+/// Compiles `pipe` now, if it is deferred.
+fn compile_now(pipe: Pipe) -> Result<()> {
+    match pipe {
+        Pipe::Deferred(d) => d.get().map(drop),
+        Pipe::Ready(_) => Ok(()),
+    }
 }
 
 /// Textures that a batch's attention reads its operands from, copied there from their
@@ -158,16 +178,18 @@ pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention, batch: u32) -> Vec<W
     } else {
         BATCH_KERNELS
     };
-    let mut jobs: Vec<WarmJob<'_>> = KERNELS
-        .into_iter()
-        .map(|name| Box::new(move || op_pipeline(ctx, name).map(drop)) as WarmJob<'_>)
-        .collect();
+    let mut jobs: Vec<WarmJob<'_>> = vec![Box::new(move || op_pipeline(ctx, "kv_store").map(drop))];
+    let decodes = decode_available(ctx);
+    if !decodes || attn.n_ctx > DECODE_MAX_KV {
+        for name in SINGLE_KERNELS {
+            jobs.push(Box::new(move || {
+                compile_now(single_pipeline(ctx, name, decodes)?)
+            }));
+        }
+    }
     if batch > 1 {
         for name in batch_kernels {
-            jobs.push(Box::new(move || match batch_pipeline(ctx, name)? {
-                Pipe::Deferred(d) => d.get().map(drop),
-                Pipe::Ready(_) => Ok(()),
-            }));
+            jobs.push(Box::new(move || compile_now(batch_pipeline(ctx, name)?)));
         }
     }
     let n_ctx = attn.n_ctx;
@@ -196,12 +218,9 @@ fn decode_pipeline(
     ctx: &GpuContext,
     tex: bool,
 ) -> Result<Option<std::sync::Arc<wgpu::ComputePipeline>>> {
-    let Some(sg) = ctx.fixed_subgroup() else {
+    let Some(sg) = ctx.fixed_subgroup().filter(|_| decode_available(ctx)) else {
         return Ok(None);
     };
-    if ctx.limits.max_storage_buffers_per_shader_stage < 5 {
-        return Ok(None);
-    }
     let consts = [("WG", sg as f64)];
     let name = if tex {
         "attn_decode_tex"
@@ -213,6 +232,12 @@ fn decode_pipeline(
             crate::gpu::shaders::op_source(name)
         })
         .map(Some)
+}
+
+/// Whether the device runs `attn_decode`: its workgroup must be one whole subgroup,
+/// and it binds five storage buffers.
+fn decode_available(ctx: &GpuContext) -> bool {
+    ctx.fixed_subgroup().is_some() && ctx.limits.max_storage_buffers_per_shader_stage >= 5
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -573,7 +598,7 @@ impl Attention {
         let scores = |name: &str, tt: u32, on: fn(&StepInfo) -> bool| {
             let bufs = [q, k_cache, probs];
             let pipe = match tt {
-                1 => Pipe::Ready(op_pipeline(ctx, name)?),
+                1 => single_pipeline(ctx, name, fused)?,
                 _ => batch_pipeline(ctx, name)?,
             };
             dispatch(ctx, name, pipe, step, &sp, &bufs, grid(tt, on))
@@ -621,7 +646,7 @@ impl Attention {
         let weighted = |name: &str, tt: u32, on: fn(&StepInfo) -> bool| {
             let bufs = [probs, v_cache, out];
             let pipe = match tt {
-                1 => Pipe::Ready(op_pipeline(ctx, name)?),
+                1 => single_pipeline(ctx, name, fused)?,
                 _ => batch_pipeline(ctx, name)?,
             };
             dispatch(ctx, name, pipe, step, &op, &bufs, out_grid(tt, on))
