@@ -544,6 +544,9 @@ fn attention_gqa_window_batches() {
             // Single tokens: a sliding window, the first position, and a context past
             // what the one-dispatch decode kernel covers.
             (256, 4, 1, 8, 20, 1),
+            // A window far behind the token: the decode kernel and its copies start at
+            // the eight-key block of its first key.
+            (64, 8, 2, 16, 101, 1),
             (32, 4, 4, 0, 0, 1),
             (32, 2, 1, 0, attention::DECODE_MAX_KV + 3, 1),
         ] {

@@ -4,3 +4,9 @@
 fn masked(j: u32, qpos: u32) -> bool {
     return j > qpos || (p.window > 0u && qpos - j >= p.window);
 }
+
+// The first key a query at `qpos` sees: past a sliding window's reach, the one `window`
+// keys back (key qpos - window + 1); else key 0.
+fn window_start(qpos: u32) -> u32 {
+    return select(0u, qpos + 1u - p.window, p.window > 0u && qpos + 1u > p.window);
+}

@@ -50,10 +50,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let qpos = step.pos;
     let n4 = probs_stride() / 4u;
     let row = h * p.tn * n4;
+    // A sliding window's layer reads only the keys it sees, from the eight-key block
+    // that holds the first of them (`window_start`); the row's entries before that
+    // block are zero, as the three kernels leave them.
+    let s8 = window_start(qpos) / 8u;
+    for (var j4 = l; j4 < 2u * s8; j4 += WG) {
+        probs[row + j4] = vec4<f32>();
+    }
     // Scores, four keys per vec4 of the row; lane l takes vec4s l, l + WG, ... and
     // each q load serves its four keys.
     var m = -3.0e38;
-    for (var j4 = l; j4 < n4; j4 += WG) {
+    for (var j4 = 2u * s8 + l; j4 < n4; j4 += WG) {
         var kb: array<u32, 4>;
         for (var k = 0u; k < 4u; k++) {
             kb[k] = (min(4u * j4 + k, step.n_kv - 1u) * p.n_head_kv + hkv) * d4;
@@ -80,13 +87,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // Softmax over the row: each lane rereads the entries it wrote.
     let mx = subgroupMax(m);
     var sum = 0.0;
-    for (var j4 = l; j4 < n4; j4 += WG) {
+    for (var j4 = 2u * s8 + l; j4 < n4; j4 += WG) {
         let e = exp(probs[row + j4] - mx);
         probs[row + j4] = e;
         sum += e.x + e.y + e.z + e.w;
     }
     let inv = 1.0 / subgroupAdd(sum);
-    for (var j4 = l; j4 < n4; j4 += WG) {
+    for (var j4 = 2u * s8 + l; j4 < n4; j4 += WG) {
         probs[row + j4] *= inv;
     }
     storageBarrier();
@@ -100,7 +107,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var dg = l; dg < d4; dg += WG) {
         let d = hkv * p.head_dim + 4u * dg;
         var acc = vec4<f32>();
-        for (var j4 = 0u; j4 < n4; j4 += 2u) {
+        for (var j4 = 2u * s8; j4 < n4; j4 += 2u) {
             let j8 = j4 / 2u;
             let pa = probs[row + j4];
             let pb = probs[row + j4 + 1u];

@@ -373,72 +373,82 @@ pub fn scratch_texture(ctx: &GpuContext, label: &str, bytes: u64) -> Result<wgpu
     })
 }
 
-/// Record a copy of the first `bytes` bytes of `src` (a multiple of 16, within both)
-/// into `dst` from texel 0 on, row-major as [`scratch_texture`] lays them out: the
-/// whole rows in one copy and the rest of the last row in another, so that `src` need
-/// not hold whole rows.
+/// Record a copy of bytes `range` of `src` (whole texels, within both) into the same
+/// texels of `dst`, row-major as [`scratch_texture`] lays them out: a partial first
+/// row, the whole rows in one copy and the rest of the last row, so that `src` need not
+/// hold whole rows.
 pub fn copy_to_texture(
     enc: &mut wgpu::CommandEncoder,
     src: &wgpu::Buffer,
     dst: &wgpu::Texture,
-    bytes: u64,
+    range: std::ops::Range<u64>,
 ) {
-    let row = TEX_W as u64 * TEXEL_BYTES;
-    let (rows, rest) = (bytes / row, (bytes % row) / TEXEL_BYTES);
-    let copy = |enc: &mut wgpu::CommandEncoder, y: u64, width: u64, height: u64| {
-        enc.copy_buffer_to_texture(
-            wgpu::TexelCopyBufferInfo {
-                buffer: src,
-                layout: wgpu::TexelCopyBufferLayout {
-                    offset: y * row,
-                    bytes_per_row: Some(row as u32),
-                    rows_per_image: None,
-                },
-            },
-            wgpu::TexelCopyTextureInfo {
-                texture: dst,
-                mip_level: 0,
-                origin: wgpu::Origin3d {
-                    x: 0,
-                    y: y as u32,
-                    z: 0,
-                },
-                aspect: wgpu::TextureAspect::All,
-            },
-            wgpu::Extent3d {
-                width: width as u32,
-                height: height as u32,
-                depth_or_array_layers: 1,
-            },
+    let row = TEX_W as u64;
+    let (mut t, end) = (range.start / TEXEL_BYTES, range.end / TEXEL_BYTES);
+    while t < end {
+        let (y, x) = (t / row, t % row);
+        let (width, height) = match x == 0 && end - t >= row {
+            true => (row, (end - t) / row),
+            false => ((row - x).min(end - t), 1),
+        };
+        texel_copy(
+            enc,
+            (src, t * TEXEL_BYTES, (row * TEXEL_BYTES) as u32),
+            dst,
+            [x as u32, y as u32],
+            [width as u32, height as u32],
         );
-    };
-    if rows > 0 {
-        copy(enc, 0, TEX_W as u64, rows);
-    }
-    if rest > 0 {
-        copy(enc, rows, rest, 1);
+        t += width * height;
     }
 }
 
-/// Record a copy of `width` texels from each of the first `height` rows of `src`, rows
-/// `row_bytes` apart (a multiple of 256), into the rows of `dst` from texel 0 on: a
-/// strided buffer's filled columns (the transposed V cache's first positions).
+/// Record a copy of texels `texels` from each of the first `height` rows of `src`, rows
+/// `row_bytes` apart (a multiple of 256), into the same texels of the rows of `dst`: a
+/// strided buffer's columns (the transposed V cache's positions).
 pub fn copy_rows_to_texture(
     enc: &mut wgpu::CommandEncoder,
     src: &wgpu::Buffer,
     dst: &wgpu::Texture,
-    (row_bytes, width, height): (u32, u32, u32),
+    (row_bytes, texels, height): (u32, std::ops::Range<u32>, u32),
+) {
+    if texels.is_empty() {
+        return;
+    }
+    let offset = texels.start as u64 * TEXEL_BYTES;
+    let width = texels.end - texels.start;
+    texel_copy(
+        enc,
+        (src, offset, row_bytes),
+        dst,
+        [texels.start, 0],
+        [width, height],
+    );
+}
+
+/// One copy from `src` (from `offset`, rows `row_bytes` apart) into the `size` texels of
+/// `dst` at `origin`.
+fn texel_copy(
+    enc: &mut wgpu::CommandEncoder,
+    (src, offset, row_bytes): (&wgpu::Buffer, u64, u32),
+    dst: &wgpu::Texture,
+    [x, y]: [u32; 2],
+    [width, height]: [u32; 2],
 ) {
     enc.copy_buffer_to_texture(
         wgpu::TexelCopyBufferInfo {
             buffer: src,
             layout: wgpu::TexelCopyBufferLayout {
-                offset: 0,
+                offset,
                 bytes_per_row: Some(row_bytes),
                 rows_per_image: None,
             },
         },
-        dst.as_image_copy(),
+        wgpu::TexelCopyTextureInfo {
+            texture: dst,
+            mip_level: 0,
+            origin: wgpu::Origin3d { x, y, z: 0 },
+            aspect: wgpu::TextureAspect::All,
+        },
         wgpu::Extent3d {
             width,
             height,

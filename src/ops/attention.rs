@@ -101,10 +101,19 @@ impl Tex {
         src: &wgpu::Buffer,
         bytes: impl Fn(&StepInfo) -> u64 + Send + Sync + 'static,
     ) -> TextureCopy {
+        self.copy_range(src, move |s| 0..bytes(s))
+    }
+
+    /// A copy of bytes `range(step)` of `src` (whole texels) into this texture.
+    fn copy_range(
+        &self,
+        src: &wgpu::Buffer,
+        range: impl Fn(&StepInfo) -> std::ops::Range<u64> + Send + Sync + 'static,
+    ) -> TextureCopy {
         TextureCopy {
             src: src.clone(),
             dst: self.0.clone(),
-            what: CopyExtent::Bytes(Box::new(bytes)),
+            what: CopyExtent::Bytes(Box::new(range)),
         }
     }
 }
@@ -232,6 +241,15 @@ fn decode_pipeline(
             crate::gpu::shaders::op_source(name)
         })
         .map(Some)
+}
+
+/// The first key a query at `qpos` sees (common/attn_mask.wgsl's `window_start`): past a
+/// sliding `window`'s reach, the one `window` keys back; else key 0.
+pub fn window_start(window: u32, qpos: u32) -> u32 {
+    match window > 0 && qpos + 1 > window {
+        true => qpos + 1 - window,
+        false => 0,
+    }
 }
 
 /// Whether the device runs `attn_decode`: its workgroup must be one whole subgroup,
@@ -530,22 +548,26 @@ impl Attention {
             probs.as_entire_binding(),
             out.as_entire_binding(),
         ];
+        // Only the keys the step's token sees, from the block of eight positions that
+        // holds the first (the kernel reads from there on).
         let k_row = self.k_row_bytes();
         let (_, v_rows_n) = self.v_rows_extent();
+        let window = self.window;
+        let first8 = move |s: &StepInfo| window_start(window, s.pos) / 8;
         let v_copy = TextureCopy {
             src: v_cache.clone(),
             dst: v_rows.0.clone(),
             what: CopyExtent::Rows {
                 row_bytes: p.stride * 2,
                 rows: v_rows_n,
-                texels: Box::new(|s| s.n_kv.div_ceil(8)),
+                texels: Box::new(move |s| first8(s)..s.n_kv.div_ceil(8)),
             },
         };
+        let k_copy = t.k.copy_range(k_cache, move |s| {
+            first8(s) as u64 * 8 * k_row..s.n_kv as u64 * k_row
+        });
         let d = super::dispatch_bound(ctx, "attn_decode", pipe, step, &p, resources, grid)?;
-        Ok(Some(d.with_copies(vec![
-            t.k.copy_from(k_cache, move |s| s.n_kv as u64 * k_row),
-            v_copy,
-        ])))
+        Ok(Some(d.with_copies(vec![k_copy, v_copy])))
     }
 
     /// The dispatches of chunk `c` (tokens c * tokens ..): buffers as in [`Self::gpu`].

@@ -54,7 +54,7 @@ pub enum Store {
 }
 
 type GridFn = Box<dyn Fn(&StepInfo) -> [u32; 3] + Send + Sync>;
-type BytesFn = Box<dyn Fn(&StepInfo) -> u64 + Send + Sync>;
+type BytesFn = Box<dyn Fn(&StepInfo) -> std::ops::Range<u64> + Send + Sync>;
 
 /// One kernel bound to its buffers; recorded into a compute pass each step with a grid
 /// computed from that step's sizes.
@@ -76,11 +76,11 @@ pub struct TextureCopy {
 
 /// What [`TextureCopy`] copies.
 pub enum CopyExtent {
-    /// The first `bytes(step)` bytes, row-major into the texture's rows
-    /// (`gpu::upload::copy_to_texture`).
+    /// Bytes `bytes(step)` (whole texels) into the same place of the texture's
+    /// row-major texels (`gpu::upload::copy_to_texture`).
     Bytes(BytesFn),
-    /// The first `texels(step)` texels of each of `rows` rows `row_bytes` apart, into
-    /// the texture's rows (`gpu::upload::copy_rows_to_texture`).
+    /// Texels `texels(step)` of each of `rows` rows `row_bytes` apart, into the same
+    /// texels of the texture's rows (`gpu::upload::copy_rows_to_texture`).
     Rows {
         row_bytes: u32,
         rows: u32,
@@ -88,7 +88,7 @@ pub enum CopyExtent {
     },
 }
 
-type TexelsFn = Box<dyn Fn(&StepInfo) -> u32 + Send + Sync>;
+type TexelsFn = Box<dyn Fn(&StepInfo) -> std::ops::Range<u32> + Send + Sync>;
 
 /// The pipeline a dispatch runs: compiled when the plan was built, or when a step first
 /// runs it ([`crate::gpu::pipelines::Deferred`], see [`prepare`]).
