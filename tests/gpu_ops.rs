@@ -631,7 +631,9 @@ fn attention_gqa_window_batches() {
                 // Rows of whole pairs of vec4s.
                 let probs_len =
                     (nh * chunks.tokens) as usize * attention::probs_row(n_kv as u32) as usize;
-                let probs = buffer_with_guard(ctx, &vec![0.0; probs_len], 16);
+                // Stale from another layer: every entry a kernel reads must have been
+                // written in this step.
+                let probs = buffer_with_guard(ctx, &vec![f32::NAN; probs_len], 16);
                 let ob = buffer_with_guard(ctx, &vec![0.0; q.len()], 16);
                 let (kb, vb) = (
                     buffer_with_guard(ctx, &words(&kc0), 0),

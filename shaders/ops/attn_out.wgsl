@@ -21,8 +21,8 @@ struct Params {
     stride: u32,
     t0: u32,
     tn: u32,
-    _pad0: u32,
-    _pad1: u32,
+    window: u32, // as `attn_scores`' (0: no sliding window)
+    _pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -57,7 +57,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     // Whole vec4s of keys up to the tile's last token's position.
     let n = (min(step.pos + min(p.t0 + r0 + TT, t_end), step.n_kv) + 3u) / 4u;
     var acc: array<vec4<f32>, TT>;
-    for (var m = 0u; 2u * m < n; m++) {
+    // From the block of eight keys that holds the first one the tile's first token sees
+    // (common/attn_mask.wgsl): a sliding window's earlier keys weigh 0 for all its tokens.
+    for (var m = window_start(step.pos + p.t0 + r0) / 8u; 2u * m < n; m++) {
         let w0 = v8(vb + m);
         let w1 = v8(vb + vs + m);
         let w2 = v8(vb + 2u * vs + m);

@@ -4,16 +4,19 @@
 // batch's scores need not fit at once).
 //
 // One invocation per tile of TK keys x TT tokens of one head: each q and k load serves
-// the whole tile (CPU-hosted drivers pay per load, per lane), and a tile wholly after
-// its tokens' positions only writes the mask. TT is 1 for single-token steps (a tile of
-// several tokens would be wasted there) and 4 for batches.
+// the whole tile (CPU-hosted drivers pay per load, per lane). A tile whose keys all lie
+// after its tokens' positions or before their sliding windows writes nothing: the
+// softmax reads only the keys a token sees and writes zeros over the rest of its row.
+// TT is 1 for single-token steps (a tile of several tokens would be wasted there) and 4
+// for batches.
 //
 // Q and K come through `q4`/`q8` and `k4`/`k8` (common/attn_qk_buffer.wgsl, or
 // common/attn_qk_texture.wgsl for the batch build that reads them from textures),
 // eight dimensions at a time and four for a head size that is an odd multiple of 4.
 // q: [head_dim, n_head, n_tokens]; k_cache: [head_dim, n_head_kv, n_ctx] f16
-// scores: [probs_stride(), tn, n_head] f32, row t - t0; entries n_kv .. probs_stride() hold
-// the mask
+// scores: [probs_stride(), tn, n_head] f32, row t - t0; of the vec4s that hold a key a
+// token sees, the entries it does not see hold the mask; the rest of the row is left to
+// the softmax
 
 struct Params {
     head_dim: u32,
@@ -43,6 +46,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (j0 >= step.n_kv || p.t0 + r0 >= t_end) {
         return;
     }
+    // Keys after the tile's last token, or before the sliding window of its first (whose
+    // window starts earliest), are masked for all of its tokens, and lie outside the
+    // vec4s the softmax reads for any of them (it writes their zeros): nothing to do.
+    let last_pos = step.pos + min(p.t0 + r0 + TT, t_end) - 1u;
+    if (j0 > last_pos || j0 + TK <= window_start(step.pos + p.t0 + r0)) {
+        return;
+    }
     let hkv = h / (p.n_head / p.n_head_kv);
     let d4 = p.head_dim / 4u;
     // Rows and keys past the ends read the last valid one and are not written.
@@ -56,8 +66,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     // acc[key][row]
     var acc: array<array<f32, TT>, TK>;
-    let last_pos = step.pos + min(p.t0 + r0 + TT, t_end) - 1u;
-    if (j0 <= last_pos) {
+    {
         for (var i = 0u; i + 1u < d4; i += 2u) {
             var qv: array<array<vec4<f32>, 2>, TT>;
             for (var k = 0u; k < TT; k++) {

@@ -89,17 +89,17 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("softmax_sg", &[STEP, REDUCE_SG], wgsl!("ops/softmax.wgsl")),
     (
         "attn_out",
-        &[STEP, TT1, ATTN_V, ATTN_PV_BUFFER],
+        &[STEP, TT1, ATTN_MASK, ATTN_V, ATTN_PV_BUFFER],
         wgsl!("ops/attn_out.wgsl"),
     ),
     (
         "attn_out_t8",
-        &[STEP, TT8, ATTN_V, ATTN_PV_BUFFER],
+        &[STEP, TT8, ATTN_MASK, ATTN_V, ATTN_PV_BUFFER],
         wgsl!("ops/attn_out.wgsl"),
     ),
     (
         "attn_out_t8_tex",
-        &[STEP, TT8, SCRATCH_TEXEL, ATTN_PV_TEXTURE],
+        &[STEP, TT8, ATTN_MASK, SCRATCH_TEXEL, ATTN_PV_TEXTURE],
         wgsl!("ops/attn_out.wgsl"),
     ),
     (

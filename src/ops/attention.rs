@@ -317,7 +317,9 @@ struct OutParams {
     stride: u32,
     t0: u32,
     tn: u32,
-    _pad: [u32; 2],
+    /// As [`ScoreParams`]' (0: no sliding window).
+    window: u32,
+    _pad: u32,
 }
 
 /// How a batch's attention is cut into chunks of tokens, each chunk's probabilities
@@ -463,10 +465,16 @@ impl Attention {
         if c > 0 {
             return Ok(d);
         }
+        // K from the block of eight positions that holds the first key the batch's
+        // first token sees (the kernel reads none before it).
         let (q_row, k_row) = (self.q_row_bytes(), self.k_row_bytes());
+        let window = self.window;
         Ok(d.with_copies(vec![
             tex.q.copy_from(q, move |s| s.n_tokens as u64 * q_row),
-            tex.k.copy_from(k_cache, move |s| s.n_kv as u64 * k_row),
+            tex.k.copy_range(k_cache, move |s| {
+                let first = window_start(window, s.pos) / 8 * 8;
+                first as u64 * k_row..s.n_kv as u64 * k_row
+            }),
         ]))
     }
 
@@ -656,7 +664,8 @@ impl Attention {
             stride: super::kv_store::v_stride(self.n_ctx),
             t0,
             tn,
-            _pad: [0; 2],
+            window: self.window,
+            _pad: 0,
         };
         let hd = self.head_dim;
         let out_grid = move |tt: u32, on: fn(&StepInfo) -> bool| {
