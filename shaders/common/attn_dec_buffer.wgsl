@@ -14,6 +14,11 @@ fn dk(i: u32) -> vec4<f32> {
     return half4(k_cache[i]);
 }
 
+// The eight halves at vec2 indices i and i + 1 of the K cache (i even).
+fn dk8(i: u32) -> array<vec4<f32>, 2> {
+    return array<vec4<f32>, 2>(dk(i), dk(i + 1u));
+}
+
 // Positions 8 j .. 8 j + 7 of value row `dim` (common/attn_v.wgsl's `v4`, rows
 // p.stride halves apart).
 fn dv8(dim: u32, j: u32) -> V8 {

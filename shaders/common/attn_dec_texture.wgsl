@@ -15,12 +15,18 @@ fn dq(i: u32) -> vec4<f32> {
     return qu[i];
 }
 
+// The eight halves at vec2 indices i and i + 1 of the K cache (i even): texel i / 2.
+fn dk8(i: u32) -> array<vec4<f32>, 2> {
+    let w = scratch_texel(k_tex, i >> 1u);
+    return array<vec4<f32>, 2>(
+        vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
+        vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),
+    );
+}
+
 // The four halves at vec2 index i of the K cache: half of texel i / 2.
 fn dk(i: u32) -> vec4<f32> {
-    let w = scratch_texel(k_tex, i >> 1u);
-    let lo = vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
-    let hi = vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w));
-    return select(lo, hi, (i & 1u) != 0u);
+    return dk8(i & ~1u)[i & 1u];
 }
 
 // Positions 8 j .. 8 j + 7 of value row `dim`: texel j of texture row `dim`.

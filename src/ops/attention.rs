@@ -206,7 +206,10 @@ pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention, batch: u32) -> Vec<W
         super::reduce_pipeline(ctx, "softmax", &[], n_ctx).map(drop)
     }));
     let decode_tex = attn.decodes_from_textures(ctx);
-    jobs.push(Box::new(move || decode_pipeline(ctx, decode_tex).map(drop)));
+    let heads = attn.decode_heads(decode_tex);
+    jobs.push(Box::new(move || {
+        decode_pipeline(ctx, decode_tex, heads).map(drop)
+    }));
     jobs
 }
 
@@ -220,17 +223,21 @@ fn decode_fused(s: &StepInfo) -> bool {
     s.n_tokens == 1 && s.n_kv <= DECODE_MAX_KV
 }
 
-/// `attn_decode`'s pipeline (`attn_decode_tex` with `tex`), or None where the device
-/// cannot run it: its workgroup must be one whole subgroup, and it binds five storage
-/// buffers.
+/// Most query heads one `attn_decode` workgroup takes (`MAX_HG` in its shader).
+const MAX_DECODE_HEADS: u32 = 4;
+
+/// `attn_decode`'s pipeline (`attn_decode_tex` with `tex`) for workgroups of `heads`
+/// query heads, or None where the device cannot run it: its workgroup must be one whole
+/// subgroup, and it binds five storage buffers.
 fn decode_pipeline(
     ctx: &GpuContext,
     tex: bool,
+    heads: u32,
 ) -> Result<Option<std::sync::Arc<wgpu::ComputePipeline>>> {
     let Some(sg) = ctx.fixed_subgroup().filter(|_| decode_available(ctx)) else {
         return Ok(None);
     };
-    let consts = [("WG", sg as f64)];
+    let consts = [("WG", sg as f64), ("HG", heads as f64)];
     let name = if tex {
         "attn_decode_tex"
     } else {
@@ -378,6 +385,23 @@ impl Attention {
     /// Whether single tokens read q as a uniform and K and V from textures
     /// (`attn_decode_tex`), given a q buffer that binds as one
     /// (`mul_mat::reads_uniform`): V's texture holds a row of texels per value row.
+    /// Query heads per `attn_decode` workgroup. 1 where it reads storage buffers (GPUs:
+    /// a workgroup per head spreads the step over the device). Where it reads K and V
+    /// from textures (CPU-hosted drivers, whose cost is the loads), the most heads of
+    /// one K/V head, up to [`MAX_DECODE_HEADS`], that leave a workgroup per host core:
+    /// each key's and value's loads then serve them all.
+    fn decode_heads(&self, tex: bool) -> u32 {
+        if !tex || self.n_head_kv == 0 {
+            return 1;
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let group = self.n_head / self.n_head_kv;
+        (1..=MAX_DECODE_HEADS.min(group))
+            .rev()
+            .find(|&g| group % g == 0 && self.n_head / g >= cores)
+            .unwrap_or(1)
+    }
+
     fn decodes_from_textures(&self, ctx: &GpuContext) -> bool {
         let (w, h) = self.v_rows_extent();
         let max = ctx.limits.max_texture_dimension_2d;
@@ -525,7 +549,8 @@ impl Attention {
         let tex =
             tex.filter(|_| self.decodes_from_textures(ctx) && super::mul_mat::reads_uniform(q));
         let tex = tex.and_then(|t| Some((t, t.v_rows.as_ref()?)));
-        let Some(pipe) = decode_pipeline(ctx, tex.is_some())? else {
+        let heads = self.decode_heads(tex.is_some());
+        let Some(pipe) = decode_pipeline(ctx, tex.is_some(), heads)? else {
             return Ok(None);
         };
         let p = DecodeParams {
@@ -538,8 +563,8 @@ impl Attention {
             tn: chunks.tokens,
             _pad: 0,
         };
-        let n_head = self.n_head;
-        let grid = move |s: &StepInfo| [n_head * decode_fused(s) as u32, 1, 1];
+        let groups = self.n_head / heads;
+        let grid = move |s: &StepInfo| [groups * decode_fused(s) as u32, 1, 1];
         let Some((t, v_rows)) = tex else {
             let bufs = [q, k_cache, v_cache, probs, out];
             return dispatch(ctx, "attn_decode", pipe, step, &p, &bufs, grid).map(Some);
