@@ -301,8 +301,9 @@ pub fn pick_adapter(opts: &DeviceOptions) -> Result<wgpu::Adapter> {
 }
 
 /// Whether the primary backends' `adapters` decide [`pick_adapter`]'s choice for
-/// `want` whatever the secondary backends hold: a hardware GPU where none is named (the
-/// secondary ones' would tie at best), an index within them, or a name one of them has.
+/// `want` whatever the secondary backends hold: a discrete GPU where none is named (a
+/// secondary backend's would tie at best), an index within them, or a name one of them
+/// has.
 fn settles(adapters: &[wgpu::Adapter], want: Option<&str>) -> bool {
     match want {
         None => adapters

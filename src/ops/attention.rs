@@ -19,10 +19,10 @@ const TILE_KEYS: u32 = 4;
 const TILE_TOKENS: u32 = 4;
 const OUT_TILE_TOKENS: u32 = 8;
 
-/// The attention kernels a model's steps dispatch (`Attention::gpu`): those every
-/// step may run, and the batch kernels that read storage buffers or, where
-/// [`AttnTextures`] are made, textures.
-/// The single-token scores and weighted sum, where `attn_decode` does not run them.
+/// The attention kernels a model's steps dispatch (`Attention::gpu`) besides
+/// `kv_store` and `attn_decode`: the single-token scores and weighted sum (where
+/// `attn_decode` does not run single tokens), and the batch kernels that read storage
+/// buffers or, where [`AttnTextures`] are made, textures.
 const SINGLE_KERNELS: [&str; 2] = ["attn_scores", "attn_out"];
 const BATCH_KERNELS: [&str; 2] = ["attn_scores_t4", "attn_out_t8"];
 const BATCH_TEXTURE_KERNELS: [&str; 2] = ["attn_scores_t4_tex", "attn_out_t8_tex"];
@@ -382,9 +382,6 @@ impl Attention {
         ctx.attention_in_textures() && self.head_dim % 8 == 0
     }
 
-    /// Whether single tokens read q as a uniform and K and V from textures
-    /// (`attn_decode_tex`), given a q buffer that binds as one
-    /// (`mul_mat::reads_uniform`): V's texture holds a row of texels per value row.
     /// Query heads per `attn_decode` workgroup. 1 where it reads storage buffers (GPUs:
     /// a workgroup per head spreads the step over the device). Where it reads K and V
     /// from textures (CPU-hosted drivers, whose cost is the loads), the most heads of
@@ -402,6 +399,9 @@ impl Attention {
             .unwrap_or(1)
     }
 
+    /// Whether single tokens read q as a uniform and K and V from textures
+    /// (`attn_decode_tex`), given a q buffer that binds as one
+    /// (`mul_mat::reads_uniform`): V's texture holds a row of texels per value row.
     fn decodes_from_textures(&self, ctx: &GpuContext) -> bool {
         let (w, h) = self.v_rows_extent();
         let max = ctx.limits.max_texture_dimension_2d;
