@@ -40,10 +40,10 @@ const fn attention_layout(operand: Binding) -> [Binding; 5] {
     ]
 }
 
-/// A kernel of attention compiled when a step first runs it, or when the load warms it:
+/// A kernel of attention, laid out as [`attention_layout`] says, compiled when a step first runs it, or when the load warms it:
 /// the batch kernels (`BATCH_KERNELS`, `BATCH_TEXTURE_KERNELS`), and the single-token
 /// ones where `attn_decode` runs single tokens ([`single_pipeline`]).
-fn batch_pipeline(ctx: &GpuContext, name: &str) -> Result<Pipe> {
+fn later_pipeline(ctx: &GpuContext, name: &str) -> Result<Pipe> {
     let operand = match name.ends_with("_tex") {
         true => Binding::Texture,
         false => Binding::Read,
@@ -56,7 +56,7 @@ fn batch_pipeline(ctx: &GpuContext, name: &str) -> Result<Pipe> {
 /// step first needs them (or with the load, for a context that long).
 fn single_pipeline(ctx: &GpuContext, name: &str, decodes: bool) -> Result<Pipe> {
     match decodes {
-        true => batch_pipeline(ctx, name),
+        true => later_pipeline(ctx, name),
         false => Ok(Pipe::Ready(op_pipeline(ctx, name)?)),
     }
 }
@@ -174,7 +174,7 @@ fn tex_dispatch<P: bytemuck::Pod>(
         wgpu::BindingResource::TextureView(&textures[1].1),
         out.as_entire_binding(),
     ];
-    let pipeline = batch_pipeline(ctx, name)?;
+    let pipeline = later_pipeline(ctx, name)?;
     super::dispatch_bound(ctx, name, pipeline, step, params, resources, grid)
 }
 
@@ -198,7 +198,7 @@ pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention, batch: u32) -> Vec<W
     }
     if batch > 1 {
         for name in batch_kernels {
-            jobs.push(Box::new(move || compile_now(batch_pipeline(ctx, name)?)));
+            jobs.push(Box::new(move || compile_now(later_pipeline(ctx, name)?)));
         }
     }
     let n_ctx = attn.n_ctx;
@@ -654,7 +654,7 @@ impl Attention {
             let bufs = [q, k_cache, probs];
             let pipe = match tt {
                 1 => single_pipeline(ctx, name, fused)?,
-                _ => batch_pipeline(ctx, name)?,
+                _ => later_pipeline(ctx, name)?,
             };
             dispatch(ctx, name, pipe, step, &sp, &bufs, grid(tt, on))
         };
@@ -703,7 +703,7 @@ impl Attention {
             let bufs = [probs, v_cache, out];
             let pipe = match tt {
                 1 => single_pipeline(ctx, name, fused)?,
-                _ => batch_pipeline(ctx, name)?,
+                _ => later_pipeline(ctx, name)?,
             };
             dispatch(ctx, name, pipe, step, &op, &bufs, out_grid(tt, on))
         };
