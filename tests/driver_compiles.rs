@@ -11,7 +11,9 @@ mod common;
 
 use common::*;
 use wgllm::gpu::upload;
-use wgllm::ops::attention::{probs_row, Attention, AttnTextures, Chunks};
+use wgllm::ops::attention::{
+    probs_row, Attention, AttnTextures, CacheTextures, Chunks, LayerTextures,
+};
 use wgllm::ops::{kv_store, Dispatch, StepInfo};
 
 /// Anonymous executable mappings of this process (Linux), where llvmpipe's JIT puts its
@@ -33,7 +35,7 @@ fn layer(
     ctx: &wgllm::gpu::GpuContext,
     attn: &Attention,
     step: &wgpu::Buffer,
-    tex: Option<&AttnTextures>,
+    tex: Option<LayerTextures<'_>>,
 ) -> Vec<Dispatch> {
     let kv_dim = attn.head_dim * attn.n_head_kv;
     // f16 pairs as f32 words, as many as the model's caches hold.
@@ -84,11 +86,14 @@ fn decode_steps_compile_nothing_new() {
         };
         let step0 = StepInfo::new(0, 1);
         let sb = step_buffer(ctx, &step0);
-        let tex = AttnTextures::new(ctx, &gemma(8), 1, Chunks::one(1)).expect("textures");
+        // Each layer's caches in textures of its own, as a model's.
+        let kept = CacheTextures::Kept { first: 0, n: 6 };
+        let tex = AttnTextures::new(ctx, &gemma(8), 1, Chunks::one(1), kept).expect("textures");
         // Gemma 3's layers: five with a sliding window, then one without.
         let layers: Vec<Vec<Dispatch>> = [8, 8, 8, 8, 8, 0]
             .into_iter()
-            .map(|w| layer(ctx, &gemma(w), &sb, tex.as_ref()))
+            .enumerate()
+            .map(|(il, w)| layer(ctx, &gemma(w), &sb, tex.as_ref().and_then(|t| t.layer(il))))
             .collect();
         // Where the device reads the caches from textures, the steps do: the form that
         // once recompiled.

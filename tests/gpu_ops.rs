@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use wgllm::gguf::TensorInfo;
 use wgllm::gpu::{upload, DeviceOptions, GpuContext, GpuTensor};
-use wgllm::ops::attention::{self, Attention, AttnTextures, Chunks};
+use wgllm::ops::attention::{self, Attention, AttnTextures, CacheTextures, Chunks, LayerTextures};
 use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns};
 use wgllm::ops::rope::{Rope, RopeMode};
@@ -616,13 +616,16 @@ fn attention_gqa_window_batches() {
                 count: toks.div_ceil(3) + 1,
             };
             // Batches' scores from Q and K in their buffers, and where the device
-            // reads them from textures, from there.
-            let tex = AttnTextures::new(ctx, &attn, toks, Chunks::one(toks)).unwrap();
-            let texs: Vec<Option<&AttnTextures>> = [None, tex.as_ref()]
+            // reads them from textures, from there: the shared set, which a step fills
+            // with every position it reads (kept textures, which hold what earlier
+            // steps copied, are `attention_kept_textures_across_steps`).
+            let shared = CacheTextures::Shared;
+            let tex = AttnTextures::new(ctx, &attn, toks, Chunks::one(toks), shared).unwrap();
+            let texs: Vec<Option<LayerTextures<'_>>> = [None, tex.as_ref()]
                 .into_iter()
                 .enumerate()
                 .filter(|(i, t)| *i == 0 || t.is_some())
-                .map(|(_, t)| t)
+                .map(|(_, t)| t.and_then(|t| t.layer(0)))
                 .collect();
             for (chunks, tex) in [Chunks::one(toks), threes]
                 .into_iter()
@@ -671,6 +674,121 @@ fn attention_gqa_window_batches() {
                 );
             }
         }
+    }
+}
+
+/// Steps of batches and single tokens from an empty cache, two layers each, with the
+/// caches' textures kept per layer (each step copies only what it stores) and shared
+/// (each step copies all it reads): every step matches the reference over all the
+/// positions stored so far. A step that skips its copy on any path (batches, the
+/// decode kernel, the split single-token kernels where the device has no decode
+/// kernel) leaves a later step reading stale texels.
+#[test]
+fn attention_kept_textures_across_steps() {
+    for ctx in texture_contexts() {
+        for (hd, nh, nkv, window) in [(64u32, 4u32, 2u32, 0u32), (32, 4, 1, 6)] {
+            let attn = Attention {
+                head_dim: hd,
+                n_head: nh,
+                n_head_kv: nkv,
+                n_ctx: 30,
+                window,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let chunks = Chunks {
+                tokens: 4,
+                count: 3,
+            };
+            // Layers 3 and 4 of a model whose first layers run elsewhere.
+            let kept = CacheTextures::Kept { first: 3, n: 2 };
+            for caches in [kept, CacheTextures::Shared] {
+                let tex = AttnTextures::new(ctx, &attn, 9, chunks, caches).unwrap();
+                let Some(tex) = tex else {
+                    panic!("{}: no attention textures", label(ctx));
+                };
+                check_steps(ctx, &attn, chunks, &tex, caches);
+            }
+        }
+    }
+}
+
+/// The steps of `attention_kept_textures_across_steps` over layers 3 and 4 of `tex`.
+fn check_steps(
+    ctx: &GpuContext,
+    attn: &Attention,
+    chunks: Chunks,
+    tex: &AttnTextures,
+    caches: CacheTextures,
+) {
+    let kd = (attn.head_dim * attn.n_head_kv) as usize;
+    let n_ctx = attn.n_ctx as usize;
+    let empty = kv_store::pack_caches(&[], &[], kd, attn.n_ctx).0;
+    let mut rng = Rng::new(kd as u64 + attn.window as u64);
+    // Per layer: its GPU caches, and the reference's in f32 (K [n_ctx, kd], V
+    // [kd, n_ctx]) holding the f16-rounded values stored so far.
+    let mut layers: Vec<_> = (3..5)
+        .map(|il| {
+            let kb = buffer_with_guard(ctx, &words(&empty), 0);
+            let vb = buffer_with_guard(ctx, &words(&empty), 0);
+            (il, kb, vb, vec![0f32; kd * n_ctx], vec![0f32; kd * n_ctx])
+        })
+        .collect();
+    let f16r = |x: f32| half::f16::from_f32(x).to_f32();
+    let mut pos = 0u32;
+    for toks in [5u32, 1, 1, 3, 1, 9, 1, 2, 1] {
+        let step = StepInfo::new(pos, toks);
+        let sb = step_buffer(ctx, &step);
+        for (il, kb, vb, kc, vc) in layers.iter_mut() {
+            let k_new: Vec<f32> = rng
+                .vec(toks as usize * kd, 1.0)
+                .into_iter()
+                .map(f16r)
+                .collect();
+            let v_new: Vec<f32> = rng
+                .vec(toks as usize * kd, 1.0)
+                .into_iter()
+                .map(f16r)
+                .collect();
+            for t in 0..toks as usize {
+                for i in 0..kd {
+                    let j = pos as usize + t;
+                    kc[j * kd + i] = k_new[t * kd + i];
+                    vc[i * n_ctx + j] = v_new[t * kd + i];
+                }
+            }
+            let q = rng.vec((attn.head_dim * attn.n_head * toks) as usize, 1.0);
+            let mut want = vec![0f32; q.len()];
+            attn.reference(&q, kc, vc, &mut want, pos, toks);
+            let qb = wgllm::gpu::upload::activations(ctx, "q", q.len() as u64 * 4).unwrap();
+            ctx.queue.write_buffer(&qb, 0, bytemuck::cast_slice(&q));
+            let (knb, vnb) = (
+                buffer_with_guard(ctx, &k_new, 0),
+                buffer_with_guard(ctx, &v_new, 0),
+            );
+            let probs_len =
+                (attn.n_head * chunks.tokens) as usize * attention::probs_row(attn.n_ctx) as usize;
+            let probs = buffer_with_guard(ctx, &vec![f32::NAN; probs_len], 16);
+            let ob = buffer_with_guard(ctx, &vec![0.0; q.len()], 16);
+            let kv_dim = kd as u32;
+            let mut d =
+                vec![kv_store::gpu(ctx, &sb, &knb, &vnb, kb, vb, kv_dim, attn.n_ctx).unwrap()];
+            let lt = tex.layer(*il as usize);
+            assert!(lt.is_some(), "no textures for layer {il}");
+            d.extend(
+                attn.gpu(ctx, &sb, &qb, kb, vb, &probs, &ob, chunks, lt)
+                    .unwrap(),
+            );
+            run(ctx, &d, &step);
+            let got = read_checked(ctx, &ob, q.len(), 16);
+            let e = nmse(&got, &want);
+            assert!(
+                e < 1e-10,
+                "{caches:?} textures, layer {il}, w={} pos={pos} x{toks} on {}: {e:e}",
+                attn.window,
+                label(ctx)
+            );
+        }
+        pos += toks;
     }
 }
 

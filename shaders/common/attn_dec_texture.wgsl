@@ -17,7 +17,7 @@ fn dq(i: u32) -> vec4<f32> {
 
 // The eight halves at vec2 indices i and i + 1 of the K cache (i even): texel i / 2.
 fn dk8(i: u32) -> array<vec4<f32>, 2> {
-    let w = scratch_texel(k_tex, i >> 1u);
+    let w = textureLoad(k_tex, scratch_xy(i >> 1u));
     return array<vec4<f32>, 2>(
         vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
         vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),

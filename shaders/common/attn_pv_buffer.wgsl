@@ -11,7 +11,9 @@ fn p4(i: u32) -> vec4<f32> {
     return probs[i];
 }
 
-// Positions 8 i .. 8 i + 7 of the V cache's halves: the first four and the last four.
-fn v8(i: u32) -> array<vec4<f32>, 2> {
+// Positions 8 j .. 8 j + 7 of value row `row` (p.stride halves long): the first four
+// and the last four.
+fn v8(row: u32, j: u32) -> array<vec4<f32>, 2> {
+    let i = row * (p.stride / 8u) + j;
     return array<vec4<f32>, 2>(v4(2u * i), v4(2u * i + 1u));
 }

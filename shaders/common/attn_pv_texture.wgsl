@@ -1,17 +1,18 @@
 // The probabilities and the V cache of `attn_out` read from textures the step copied
-// them into (`ops::attention::AttnTextures`, common/scratch_texel.wgsl): one vec4 of
-// probabilities, or eight halves of V, per texel. Indices as
-// common/attn_pv_buffer.wgsl's.
+// them into (`ops::attention::AttnTextures`): one vec4 of probabilities per texel, the
+// probabilities' buffer row-major (common/scratch_texel.wgsl); V a texture row per
+// value row, eight positions' halves per texel. Indices as common/attn_pv_buffer.wgsl's.
 
 @group(0) @binding(2) var probs_tex: texture_storage_2d<rgba32uint, read>;
 @group(0) @binding(3) var v_tex: texture_storage_2d<rgba32uint, read>;
 
 fn p4(i: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(scratch_texel(probs_tex, i));
+    return bitcast<vec4<f32>>(textureLoad(probs_tex, scratch_xy(i)));
 }
 
-fn v8(i: u32) -> array<vec4<f32>, 2> {
-    let w = scratch_texel(v_tex, i);
+// Positions 8 j .. 8 j + 7 of value row `row`: texel j of texture row `row`.
+fn v8(row: u32, j: u32) -> array<vec4<f32>, 2> {
+    let w = textureLoad(v_tex, vec2<u32>(j, row));
     return array<vec4<f32>, 2>(
         vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
         vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),

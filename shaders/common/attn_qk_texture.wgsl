@@ -7,14 +7,14 @@
 @group(0) @binding(3) var k_tex: texture_storage_2d<rgba32uint, read>;
 
 fn q4(i: u32) -> vec4<f32> {
-    return bitcast<vec4<f32>>(scratch_texel(q_tex, i));
+    return bitcast<vec4<f32>>(textureLoad(q_tex, scratch_xy(i)));
 }
 fn q8(i: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(q4(i), q4(i + 1u));
 }
 
 fn k8(i: u32) -> array<vec4<f32>, 2> {
-    let w = scratch_texel(k_tex, i >> 1u);
+    let w = textureLoad(k_tex, scratch_xy(i >> 1u));
     return array<vec4<f32>, 2>(
         vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
         vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),

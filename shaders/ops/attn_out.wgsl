@@ -50,20 +50,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var k = 0u; k < TT; k++) {
         pb[k] = (h * p.tn + min(r0 + k, t_end - 1u - p.t0)) * n4;
     }
-    // Block of eight positions of (dimension d0, position 0), and the distance between
-    // dimensions.
-    let vs = p.stride / 8u;
-    let vb = (hkv * p.head_dim + d0) * vs;
+    // The value row of dimension d0 (the next three follow it).
+    let vr = hkv * p.head_dim + d0;
     // Whole vec4s of keys up to the tile's last token's position.
     let n = (min(step.pos + min(p.t0 + r0 + TT, t_end), step.n_kv) + 3u) / 4u;
     var acc: array<vec4<f32>, TT>;
     // From the block of eight keys that holds the first one the tile's first token sees
     // (common/attn_mask.wgsl): a sliding window's earlier keys weigh 0 for all its tokens.
     for (var m = window_start(step.pos + p.t0 + r0) / 8u; 2u * m < n; m++) {
-        let w0 = v8(vb + m);
-        let w1 = v8(vb + vs + m);
-        let w2 = v8(vb + 2u * vs + m);
-        let w3 = v8(vb + 3u * vs + m);
+        let w0 = v8(vr, m);
+        let w1 = v8(vr + 1u, m);
+        let w2 = v8(vr + 2u, m);
+        let w3 = v8(vr + 3u, m);
         // One column per dimension, so that probabilities times it weigh all four.
         let lo = mat4x4<f32>(w0[0], w1[0], w2[0], w3[0]);
         let hi = mat4x4<f32>(w0[1], w1[1], w2[1], w3[1]);

@@ -11,7 +11,7 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::readback::{Readback, Wait};
 use crate::gpu::upload::{is_vector_uniform, storage};
 use crate::gpu::{GpuContext, GpuTensor};
-use crate::ops::attention::{Attention, AttnTextures, Chunks};
+use crate::ops::attention::{Attention, AttnTextures, CacheTextures, Chunks};
 use crate::ops::glu::Activation;
 use crate::ops::mul_mat::Columns;
 use crate::ops::rope::Rope;
@@ -162,7 +162,7 @@ impl<'a> Recorder<'a> {
         attn: &Attention,
     ) -> Result<()> {
         let [kc, vc] = self.cache(il)?;
-        let (probs, tex) = (self.probs, self.attn_tex);
+        let (probs, tex) = (self.probs, self.attn_tex.and_then(|t| t.layer(il)));
         let d = attn.gpu(self.ctx, self.step, q, kc, vc, probs, out, self.chunks, tex)?;
         self.plan.extend(d);
         if let Some(cap) = self.capture {
@@ -704,8 +704,9 @@ impl GpuModel {
             ));
         }
         let probs = storage(&ctx, "attn_probs", chunks.probs_bytes(cfg.n_head, n_ctx))?;
-        let attn_tex =
-            AttnTextures::new(&ctx, &graph::attention_of(c, 0, n_ctx), max_batch, chunks)?;
+        let attn0 = graph::attention_of(c, 0, n_ctx);
+        let caches = CacheTextures::for_layers(&attn0, layers.clone());
+        let attn_tex = AttnTextures::new(&ctx, &attn0, max_batch, chunks, caches)?;
         let step = ops::uniform(&ctx, "step", &StepInfo::default());
         let ids = storage(&ctx, "ids", max_batch as u64 * 4)?;
         let logits_last = storage(&ctx, "logits", act_bytes(c.n_vocab, 1))?;

@@ -6,12 +6,15 @@
 //! model looked.
 
 use super::{
-    dispatch, groups, op_pipeline, op_pipeline_later, CopyExtent, Dispatch, Pipe, StepInfo,
-    TextureCopy, WarmJob, WG,
+    dispatch, groups, op_pipeline, op_pipeline_later, Dispatch, Pipe, StepInfo, WarmJob, WG,
 };
 use crate::gpu::pipelines::Binding;
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
+
+mod textures;
+use textures::Tex;
+pub use textures::{AttnTextures, CacheTextures, LayerTextures, KEPT_BUDGET};
 
 /// Keys per invocation of `attn_scores` (`TK`) and tokens per invocation of the batch
 /// kernels `attn_scores_t4` and `attn_out_t4` (`TT`).
@@ -66,96 +69,6 @@ fn compile_now(pipe: Pipe) -> Result<()> {
     match pipe {
         Pipe::Deferred(d) => d.get().map(drop),
         Pipe::Ready(_) => Ok(()),
-    }
-}
-
-/// Textures that a batch's attention reads its operands from, copied there from their
-/// buffers (`attn_scores_t4_tex`: Q and the K cache, once per layer and step;
-/// `attn_out_t8_tex`: the V cache likewise, the probabilities once per chunk): on
-/// CPU-hosted drivers a texel load is one SIMD gather, a storage load a loop over the
-/// lanes and words, and the loads were half the scores kernel's time (docs/perf.md).
-/// One set serves every layer, as the layers run one after another.
-pub struct AttnTextures {
-    q: Tex,
-    k: Tex,
-    v: Tex,
-    probs: Tex,
-    /// The V cache as single-token steps read it (`attn_decode_tex`): one texture row
-    /// per value row, of which each step copies the filled positions.
-    v_rows: Option<Tex>,
-}
-
-/// A scratch texture and its view.
-struct Tex(wgpu::Texture, wgpu::TextureView);
-
-impl Tex {
-    fn new(ctx: &GpuContext, label: &str, bytes: u64) -> Result<Tex> {
-        let t = crate::gpu::upload::scratch_texture(ctx, label, bytes)?;
-        let v = t.create_view(&Default::default());
-        Ok(Tex(t, v))
-    }
-
-    /// A copy of the first `bytes(step)` bytes of `src` into this texture.
-    fn copy_from(
-        &self,
-        src: &wgpu::Buffer,
-        bytes: impl Fn(&StepInfo) -> u64 + Send + Sync + 'static,
-    ) -> TextureCopy {
-        self.copy_range(src, move |s| 0..bytes(s))
-    }
-
-    /// A copy of bytes `range(step)` of `src` (whole texels) into this texture.
-    fn copy_range(
-        &self,
-        src: &wgpu::Buffer,
-        range: impl Fn(&StepInfo) -> std::ops::Range<u64> + Send + Sync + 'static,
-    ) -> TextureCopy {
-        TextureCopy {
-            src: src.clone(),
-            dst: self.0.clone(),
-            what: CopyExtent::Bytes(Box::new(range)),
-        }
-    }
-}
-
-impl AttnTextures {
-    /// Textures for batches of up to `max_batch` tokens of `attn`'s heads over its
-    /// cache of `attn.n_ctx` positions, with probabilities in `chunks`, where `attn`
-    /// reads its operands from textures on this device ([`Attention::reads_textures`])
-    /// and each fits a texture; None elsewhere.
-    pub fn new(
-        ctx: &GpuContext,
-        attn: &Attention,
-        max_batch: u32,
-        chunks: Chunks,
-    ) -> Result<Option<AttnTextures>> {
-        if !attn.reads_textures(ctx) {
-            return Ok(None);
-        }
-        let kv_dim = attn.head_dim * attn.n_head_kv;
-        let cache = super::kv_store::cache_bytes(kv_dim, attn.n_ctx);
-        let probs = chunks.probs_bytes(attn.n_head, attn.n_ctx);
-        let q_bytes = max_batch as u64 * attn.q_row_bytes();
-        // Where one would pass the device's largest texture, the buffers serve.
-        if !crate::gpu::upload::scratch_fits(ctx, cache.max(probs).max(q_bytes)) {
-            return Ok(None);
-        }
-        let v_rows = match attn.decodes_from_textures(ctx) {
-            true => {
-                let (w, h) = attn.v_rows_extent();
-                let t = crate::gpu::upload::rows_texture(ctx, "attn_v_rows_tex", w, h)?;
-                let v = t.create_view(&Default::default());
-                Some(Tex(t, v))
-            }
-            false => None,
-        };
-        Ok(Some(AttnTextures {
-            q: Tex::new(ctx, "attn_q_tex", q_bytes)?,
-            k: Tex::new(ctx, "attn_k_tex", cache)?,
-            v: Tex::new(ctx, "attn_v_tex", cache)?,
-            probs: Tex::new(ctx, "attn_probs_tex", probs)?,
-            v_rows,
-        }))
     }
 }
 
@@ -408,8 +321,8 @@ impl Attention {
         self.reads_textures(ctx) && super::mul_mat::binds_x_view(ctx) && w <= max && h <= max
     }
 
-    /// Texels per row and rows of the V texture of single-token steps: the cache's
-    /// rows, eight halves per texel.
+    /// Texels per row and rows of the V cache's texture ([`AttnTextures`]): the
+    /// transposed cache's rows, eight halves per texel.
     fn v_rows_extent(&self) -> (u32, u32) {
         let stride = super::kv_store::v_stride(self.n_ctx);
         (stride / 8, self.head_dim * self.n_head_kv)
@@ -421,6 +334,11 @@ impl Attention {
     }
     fn k_row_bytes(&self) -> u64 {
         self.head_dim as u64 * self.n_head_kv as u64 * 2
+    }
+
+    /// Bytes of one layer's K (or V) cache.
+    fn cache_bytes(&self) -> u64 {
+        super::kv_store::cache_bytes(self.head_dim * self.n_head_kv, self.n_ctx)
     }
 
     fn check(&self) -> Result<()> {
@@ -439,8 +357,9 @@ impl Attention {
     /// Five dispatches per chunk, of which a step records three (scores, softmax,
     /// weighted sum; one- or four-token tiles); chunks past a step's batch record none.
     /// Where the device has it, one more for single-token steps (`attn_decode`), which
-    /// then record nothing else. With `tex` ([`AttnTextures::new`]), batches' scores
-    /// read Q and K from those textures, copied there before the first chunk's.
+    /// then record nothing else. With `tex` (a layer's [`AttnTextures`]), batches read
+    /// their operands from those textures, and single tokens K and V, copied there
+    /// before the first kernel that reads them ([`LayerTextures::cache_copies`]).
     #[allow(clippy::too_many_arguments)]
     pub fn gpu(
         &self,
@@ -452,7 +371,7 @@ impl Attention {
         probs: &wgpu::Buffer,
         out: &wgpu::Buffer,
         chunks: Chunks,
-        tex: Option<&AttnTextures>,
+        tex: Option<LayerTextures<'_>>,
     ) -> Result<Vec<Dispatch>> {
         self.check()?;
         let tex = tex.filter(|_| self.reads_textures(ctx));
@@ -467,14 +386,14 @@ impl Attention {
     }
 
     /// The batch scores of chunk `c` from `tex`, after the copies of this step's Q and
-    /// K into them when `c` is the first chunk.
+    /// of the caches into them when `c` is the first chunk.
     fn scores_from_textures(
         &self,
         ctx: &GpuContext,
         step: &wgpu::Buffer,
-        (q, k_cache, probs): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
+        [q, k_cache, v_cache, probs]: [&wgpu::Buffer; 4],
         (sp, c): (&ScoreParams, u32),
-        tex: &AttnTextures,
+        tex: LayerTextures<'_>,
         grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
     ) -> Result<Dispatch> {
         let d = tex_dispatch(
@@ -482,35 +401,28 @@ impl Attention {
             "attn_scores_t4_tex",
             step,
             sp,
-            [&tex.q, &tex.k],
+            [tex.q, tex.k],
             probs,
             grid,
         )?;
         if c > 0 {
             return Ok(d);
         }
-        // K from the block of eight positions that holds the first key the batch's
-        // first token sees (the kernel reads none before it).
-        let (q_row, k_row) = (self.q_row_bytes(), self.k_row_bytes());
-        let window = self.window;
-        Ok(d.with_copies(vec![
-            tex.q.copy_from(q, move |s| s.n_tokens as u64 * q_row),
-            tex.k.copy_range(k_cache, move |s| {
-                let first = window_start(window, s.pos) / 8 * 8;
-                first as u64 * k_row..s.n_kv as u64 * k_row
-            }),
-        ]))
+        let q_row = self.q_row_bytes();
+        let mut copies = vec![tex.q.copy_range(q, move |s| 0..s.n_tokens as u64 * q_row)];
+        copies.extend(tex.cache_copies(self, k_cache, v_cache));
+        Ok(d.with_copies(copies))
     }
 
-    /// The batch weighted sum of chunk `c` from `tex`, after the copy of the chunk's
-    /// probabilities into it, and of the V cache when `c` is the first chunk.
+    /// The batch weighted sum of a chunk of `tn` tokens from `tex`, after the copy of
+    /// the chunk's probabilities into it (the first chunk's scores copied V).
     fn out_from_textures(
         &self,
         ctx: &GpuContext,
         step: &wgpu::Buffer,
-        (probs, v_cache, out): (&wgpu::Buffer, &wgpu::Buffer, &wgpu::Buffer),
-        (op, c, tn): (&OutParams, u32, u32),
-        tex: &AttnTextures,
+        (probs, out): (&wgpu::Buffer, &wgpu::Buffer),
+        (op, tn): (&OutParams, u32),
+        tex: LayerTextures<'_>,
         grid: impl Fn(&StepInfo) -> [u32; 3] + Send + Sync + 'static,
     ) -> Result<Dispatch> {
         let d = tex_dispatch(
@@ -518,37 +430,33 @@ impl Attention {
             "attn_out_t8_tex",
             step,
             op,
-            [&tex.probs, &tex.v],
+            [tex.probs, tex.v],
             out,
             grid,
         )?;
         let n_head = self.n_head as u64;
-        let rows = move |s: &StepInfo| n_head * tn as u64 * probs_row(s.n_kv) * 4;
-        let mut copies = vec![tex.probs.copy_from(probs, rows)];
-        if c == 0 {
-            let cache = super::kv_store::cache_bytes(self.head_dim * self.n_head_kv, self.n_ctx);
-            copies.push(tex.v.copy_from(v_cache, move |_| cache));
-        }
-        Ok(d.with_copies(copies))
+        let rows = move |s: &StepInfo| 0..n_head * tn as u64 * probs_row(s.n_kv) * 4;
+        Ok(d.with_copies(vec![tex.probs.copy_range(probs, rows)]))
     }
 
     /// The single-token steps' one dispatch (`attn_decode.wgsl`) where the device runs
     /// it: a fixed subgroup size and five storage buffers per stage. It covers steps of
     /// up to [`DECODE_MAX_KV`] cached positions, which [`decode_fused`] tells apart.
     /// With `tex`, where `q` can be bound as a uniform (the models' activation buffers),
-    /// it reads q as a uniform and K from `tex`, copied there first (`attn_decode_tex`): on
-    /// lavapipe a storage load costs many times a uniform or texel load (docs/perf.md).
+    /// it reads q as a uniform and K and V from `tex`, copied there first
+    /// (`attn_decode_tex`): on lavapipe a storage load costs many times a uniform or texel
+    /// load (docs/perf.md). Kept textures get the step's key and value either way.
     fn decode_dispatch(
         &self,
         ctx: &GpuContext,
         step: &wgpu::Buffer,
         [q, k_cache, v_cache, probs, out]: [&wgpu::Buffer; 5],
         chunks: Chunks,
-        tex: Option<&AttnTextures>,
+        tex: Option<LayerTextures<'_>>,
     ) -> Result<Option<Dispatch>> {
+        let kept = tex.filter(|t| t.kept());
         let tex =
             tex.filter(|_| self.decodes_from_textures(ctx) && super::mul_mat::reads_uniform(q));
-        let tex = tex.and_then(|t| Some((t, t.v_rows.as_ref()?)));
         let heads = self.decode_heads(tex.is_some());
         let Some(pipe) = decode_pipeline(ctx, tex.is_some(), heads)? else {
             return Ok(None);
@@ -565,9 +473,11 @@ impl Attention {
         };
         let groups = self.n_head / heads;
         let grid = move |s: &StepInfo| [groups * decode_fused(s) as u32, 1, 1];
-        let Some((t, v_rows)) = tex else {
+        let Some(t) = tex else {
             let bufs = [q, k_cache, v_cache, probs, out];
-            return dispatch(ctx, "attn_decode", pipe, step, &p, &bufs, grid).map(Some);
+            let d = dispatch(ctx, "attn_decode", pipe, step, &p, &bufs, grid)?;
+            let copies = kept.map(|t| t.cache_copies(self, k_cache, v_cache));
+            return Ok(Some(d.with_copies(copies.unwrap_or_default())));
         };
         let resources = vec![
             // The uniform q of common/attn_dec_texture.wgsl: the buffer's first bytes.
@@ -577,30 +487,12 @@ impl Attention {
                 size: wgpu::BufferSize::new(super::mul_mat::X_UNIFORM_BYTES),
             }),
             wgpu::BindingResource::TextureView(&t.k.1),
-            wgpu::BindingResource::TextureView(&v_rows.1),
+            wgpu::BindingResource::TextureView(&t.v.1),
             probs.as_entire_binding(),
             out.as_entire_binding(),
         ];
-        // Only the keys the step's token sees, from the block of eight positions that
-        // holds the first (the kernel reads from there on).
-        let k_row = self.k_row_bytes();
-        let (_, v_rows_n) = self.v_rows_extent();
-        let window = self.window;
-        let first8 = move |s: &StepInfo| window_start(window, s.pos) / 8;
-        let v_copy = TextureCopy {
-            src: v_cache.clone(),
-            dst: v_rows.0.clone(),
-            what: CopyExtent::Rows {
-                row_bytes: p.stride * 2,
-                rows: v_rows_n,
-                texels: Box::new(move |s| first8(s)..s.n_kv.div_ceil(8)),
-            },
-        };
-        let k_copy = t.k.copy_range(k_cache, move |s| {
-            first8(s) as u64 * 8 * k_row..s.n_kv as u64 * k_row
-        });
         let d = super::dispatch_bound(ctx, "attn_decode", pipe, step, &p, resources, grid)?;
-        Ok(Some(d.with_copies(vec![k_copy, v_copy])))
+        Ok(Some(d.with_copies(t.cache_copies(self, k_cache, v_cache))))
     }
 
     /// The dispatches of chunk `c` (tokens c * tokens ..): buffers as in [`Self::gpu`].
@@ -613,7 +505,7 @@ impl Attention {
         c: u32,
         chunks: Chunks,
         fused: bool,
-        tex: Option<&AttnTextures>,
+        tex: Option<LayerTextures<'_>>,
     ) -> Result<[Dispatch; 5]> {
         let n_head = self.n_head;
         let (t0, tn) = (c * chunks.tokens, chunks.tokens);
@@ -658,11 +550,15 @@ impl Attention {
             };
             dispatch(ctx, name, pipe, step, &sp, &bufs, grid(tt, on))
         };
-        let scores1 = scores("attn_scores", 1, one)?;
+        let mut scores1 = scores("attn_scores", 1, one)?;
+        // Kept textures get a single token's key and value where it reads the buffers.
+        if let Some(t) = tex.filter(|t| t.kept() && c == 0) {
+            scores1 = scores1.with_copies(t.cache_copies(self, k_cache, v_cache));
+        }
         let batch = |s: &StepInfo| s.n_tokens != 1;
         let scores4 = match tex {
             Some(t) => {
-                let bufs = (q, k_cache, probs);
+                let bufs = [q, k_cache, v_cache, probs];
                 let g = grid(TILE_TOKENS, batch);
                 self.scores_from_textures(ctx, step, bufs, (&sp, c), t, g)?
             }
@@ -710,9 +606,8 @@ impl Attention {
         let out1 = weighted("attn_out", 1, one)?;
         let out4 = match tex {
             Some(t) => {
-                let bufs = (probs, v_cache, out);
                 let g = out_grid(OUT_TILE_TOKENS, batch);
-                self.out_from_textures(ctx, step, bufs, (&op, c, tn), t, g)?
+                self.out_from_textures(ctx, step, (probs, out), (&op, tn), t, g)?
             }
             None => weighted("attn_out_t8", OUT_TILE_TOKENS, batch)?,
         };

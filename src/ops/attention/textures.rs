@@ -1,0 +1,216 @@
+//! The textures attention reads its operands from on CPU-hosted drivers, where a texel
+//! load is one SIMD gather and a storage load a loop over the lanes and words (the
+//! loads were half the scores kernel's time, docs/perf.md): this step's Q and a chunk's
+//! probabilities, copied from their buffers before the kernels read them, and the K and
+//! V caches, which the store kernels write into buffers and copies bring here.
+//!
+//! The caches' textures are kept per layer where they fit a budget: each step then
+//! copies only the positions it stored. Past the budget one set serves every layer (the
+//! layers run one after another), and each layer's step copies all the positions it
+//! reads into it: at 4096 positions that was a quarter of SmolLM2's decode step.
+
+use super::{window_start, Attention, Chunks};
+use crate::gpu::GpuContext;
+use crate::ops::{CopyExtent, StepInfo, TextureCopy};
+use crate::Result;
+
+/// Most bytes the caches' textures of all layers may take for [`CacheTextures::Kept`]:
+/// they double the KV cache's memory, which is worth a faster long context up to here.
+pub const KEPT_BUDGET: u64 = 1 << 30;
+
+/// Where the caches' textures live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CacheTextures {
+    /// One set for every layer, refilled by each layer's step with what it reads.
+    Shared,
+    /// A set for each of `n` layers from layer `first`, kept across steps: each step
+    /// copies only the positions it stores.
+    Kept { first: u32, n: u32 },
+}
+
+impl CacheTextures {
+    /// Kept for `layers` of `attn`'s shape where their textures take at most
+    /// [`KEPT_BUDGET`]; else shared.
+    pub fn for_layers(attn: &Attention, layers: std::ops::Range<u32>) -> CacheTextures {
+        let n = layers.len() as u32;
+        match 2 * n as u64 * attn.cache_bytes() <= KEPT_BUDGET {
+            true => CacheTextures::Kept {
+                first: layers.start,
+                n,
+            },
+            false => CacheTextures::Shared,
+        }
+    }
+}
+
+/// A texture and its view.
+pub(super) struct Tex(pub(super) wgpu::Texture, pub(super) wgpu::TextureView);
+
+impl Tex {
+    /// A texture holding `bytes` bytes row-major ([`crate::gpu::upload::scratch_texture`]).
+    fn scratch(ctx: &GpuContext, label: &str, bytes: u64) -> Result<Tex> {
+        Ok(Tex::of(crate::gpu::upload::scratch_texture(
+            ctx, label, bytes,
+        )?))
+    }
+
+    /// A texture of `width` x `height` texels.
+    fn rows(ctx: &GpuContext, label: &str, (width, height): (u32, u32)) -> Result<Tex> {
+        Ok(Tex::of(crate::gpu::upload::rows_texture(
+            ctx, label, width, height,
+        )?))
+    }
+
+    fn of(t: wgpu::Texture) -> Tex {
+        let v = t.create_view(&Default::default());
+        Tex(t, v)
+    }
+
+    /// A copy of bytes `range(step)` of `src` (whole texels) into the same bytes of
+    /// this texture.
+    pub(super) fn copy_range(
+        &self,
+        src: &wgpu::Buffer,
+        range: impl Fn(&StepInfo) -> std::ops::Range<u64> + Send + Sync + 'static,
+    ) -> TextureCopy {
+        TextureCopy {
+            src: src.clone(),
+            dst: self.0.clone(),
+            what: CopyExtent::Bytes(Box::new(range)),
+        }
+    }
+}
+
+/// One layer's K and V cache textures: K's bytes as its buffer holds them, V a texture
+/// row per value row (positions along it, eight halves per texel).
+struct CacheSet {
+    k: Tex,
+    v: Tex,
+}
+
+/// Textures for the attention of batches of up to `max_batch` tokens; see the module.
+pub struct AttnTextures {
+    q: Tex,
+    probs: Tex,
+    /// One per layer from layer `first` where kept, else the one shared set.
+    caches: Vec<CacheSet>,
+    first: u32,
+    kept: bool,
+}
+
+impl AttnTextures {
+    /// Textures for batches of up to `max_batch` tokens of `attn`'s heads over its
+    /// cache of `attn.n_ctx` positions, with probabilities in `chunks`, and the caches'
+    /// as `caches` says, where `attn` reads its operands from textures on this device
+    /// ([`Attention::reads_textures`]) and each fits a texture; None elsewhere.
+    pub fn new(
+        ctx: &GpuContext,
+        attn: &Attention,
+        max_batch: u32,
+        chunks: Chunks,
+        caches: CacheTextures,
+    ) -> Result<Option<AttnTextures>> {
+        if !attn.reads_textures(ctx) {
+            return Ok(None);
+        }
+        let probs = chunks.probs_bytes(attn.n_head, attn.n_ctx);
+        let q_bytes = max_batch as u64 * attn.q_row_bytes();
+        let (w, h) = attn.v_rows_extent();
+        let max = ctx.limits.max_texture_dimension_2d;
+        // Where one would pass the device's largest texture, the buffers serve.
+        let biggest = attn.cache_bytes().max(probs).max(q_bytes);
+        if !crate::gpu::upload::scratch_fits(ctx, biggest) || w > max || h > max {
+            return Ok(None);
+        }
+        let (first, sets, kept) = match caches {
+            CacheTextures::Shared => (0, 1, false),
+            CacheTextures::Kept { first, n } => (first, n, true),
+        };
+        let caches = (first..first + sets)
+            .map(|il| {
+                Ok(CacheSet {
+                    k: Tex::scratch(ctx, &format!("attn_k_tex.{il}"), attn.cache_bytes())?,
+                    v: Tex::rows(ctx, &format!("attn_v_tex.{il}"), (w, h))?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Some(AttnTextures {
+            q: Tex::scratch(ctx, "attn_q_tex", q_bytes)?,
+            probs: Tex::scratch(ctx, "attn_probs_tex", probs)?,
+            caches,
+            first,
+            kept,
+        }))
+    }
+
+    /// Layer `il`'s view: its own caches' textures where kept, else the shared ones.
+    pub fn layer(&self, il: usize) -> Option<LayerTextures<'_>> {
+        let set = match self.kept {
+            true => self.caches.get(il.checked_sub(self.first as usize)?)?,
+            false => self.caches.first()?,
+        };
+        Some(LayerTextures {
+            q: &self.q,
+            probs: &self.probs,
+            k: &set.k,
+            v: &set.v,
+            kept: self.kept,
+        })
+    }
+}
+
+/// The textures one layer's attention reads ([`AttnTextures::layer`]).
+#[derive(Clone, Copy)]
+pub struct LayerTextures<'a> {
+    pub(super) q: &'a Tex,
+    pub(super) probs: &'a Tex,
+    pub(super) k: &'a Tex,
+    pub(super) v: &'a Tex,
+    kept: bool,
+}
+
+impl LayerTextures<'_> {
+    /// Whether the caches' textures are this layer's own, kept across steps: then every
+    /// step must copy what it stores, whichever kernels read this step.
+    pub(super) fn kept(&self) -> bool {
+        self.kept
+    }
+
+    /// The copies that bring a step's keys and values into the caches' textures from
+    /// their buffers: where kept, the positions the step stored; where shared, all the
+    /// step reads, from the block of eight positions that holds the first key its first
+    /// token sees (the kernels read none before it).
+    pub(super) fn cache_copies(
+        &self,
+        attn: &Attention,
+        k_cache: &wgpu::Buffer,
+        v_cache: &wgpu::Buffer,
+    ) -> Vec<TextureCopy> {
+        let (kept, window) = (self.kept, attn.window);
+        let first8 = move |s: &StepInfo| match kept {
+            true => s.pos / 8,
+            false => window_start(window, s.pos) / 8,
+        };
+        let k_row = attn.k_row_bytes();
+        let k = match kept {
+            // Whole texels: a key row is a multiple of 16 bytes (`reads_textures`).
+            true => self.k.copy_range(k_cache, move |s| {
+                s.pos as u64 * k_row..s.n_kv as u64 * k_row
+            }),
+            false => self.k.copy_range(k_cache, move |s| {
+                first8(s) as u64 * 8 * k_row..s.n_kv as u64 * k_row
+            }),
+        };
+        let (_, rows) = attn.v_rows_extent();
+        let v = TextureCopy {
+            src: v_cache.clone(),
+            dst: self.v.0.clone(),
+            what: CopyExtent::Rows {
+                row_bytes: crate::ops::kv_store::v_stride(attn.n_ctx) * 2,
+                rows,
+                texels: Box::new(move |s| first8(s)..s.n_kv.div_ceil(8)),
+            },
+        };
+        vec![k, v]
+    }
+}
