@@ -234,6 +234,38 @@ fn the_synth_command_writes_a_loadable_file_and_refuses_bad_options() {
     }
 }
 
+/// `wgllm-bench model -d N` fills N positions first, then runs each test past them: the
+/// context holds them all, and the tests are named as llama-bench names them.
+#[test]
+fn the_model_bench_runs_deep_into_a_context() {
+    let spec = SynthSpec::new(LlamaShape::TINY, SynthQuant::Q4_0);
+    let path = write(&spec, "bench-depth");
+    let bench = env!("CARGO_BIN_EXE_wgllm-bench");
+    let out = std::process::Command::new(bench)
+        .args([
+            "model", "--ngl", "0", "-p", "5", "-n", "3", "-d", "300", "-r", "1", "--json",
+        ])
+        .arg("-m")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    let names: Vec<&str> = rows.iter().filter_map(|r| r["test"].as_str()).collect();
+    assert_eq!(names, ["pp5 @ d300", "tg3 @ d300"], "{stdout}");
+    for r in rows {
+        assert_eq!(r["n_depth"], 300, "{stdout}");
+        assert!(r["avg_ts"].as_f64().is_some_and(|t| t > 0.0), "{stdout}");
+    }
+    std::fs::remove_file(&path).ok();
+}
+
 #[test]
 fn a_data_section_past_2_64_bytes_is_an_error() {
     use wgllm::gguf::{GgufStream, TensorDesc};

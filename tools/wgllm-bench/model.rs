@@ -22,6 +22,10 @@ pub struct ModelArgs {
     /// Generated tokens of the tg test (0: skip).
     #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
     n_gen: u32,
+    /// Positions already in the context when each test starts (filled once, untimed),
+    /// as llama-bench's `-d`: generation and prompts deep into a long context.
+    #[arg(short = 'd', long = "n-depth", default_value_t = 0)]
+    depth: u32,
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
     reps: usize,
@@ -62,7 +66,9 @@ pub fn run(a: &ModelArgs) -> Result<()> {
     }
     let file = Arc::new(GgufFile::open(&a.model)?);
     let cfg = Config::from_metadata(file.metadata())?;
-    let n_ctx = (a.n_prompt + a.n_gen).max(1).next_multiple_of(256);
+    let n_ctx = (a.depth + a.n_prompt.max(a.n_gen))
+        .max(1)
+        .next_multiple_of(256);
     let opts = EngineOptions {
         n_ctx,
         n_batch: a.batch,
@@ -81,15 +87,26 @@ pub fn run(a: &ModelArgs) -> Result<()> {
             .map(|i| (i.wrapping_mul(2654435761).wrapping_add(salt) >> 7) % cfg.n_vocab.max(1))
             .collect()
     };
+    let max = engine.max_batch(Logits::Last).min(a.batch).max(1);
+    // The context every test starts from: its positions stay as they are, as the tests
+    // write only past them.
+    let mut pos = 0;
+    for chunk in ids(a.depth, 99).chunks(max as usize) {
+        engine.step(chunk, pos, Logits::Last)?;
+        pos += chunk.len() as u32;
+    }
+    let at = match a.depth {
+        0 => String::new(),
+        d => format!(" @ d{d}"),
+    };
     let mut results = Vec::new();
     if a.n_prompt > 0 {
-        let max = engine.max_batch(Logits::Last).min(a.batch).max(1);
         let mut tps = Vec::new();
         // One untimed run first: pipelines and caches warm up.
         for rep in 0..=a.reps {
             let toks = ids(a.n_prompt, rep as u32);
             let t0 = Instant::now();
-            let mut pos = 0;
+            let mut pos = a.depth;
             for chunk in toks.chunks(max as usize) {
                 engine.step(chunk, pos, Logits::Last)?;
                 pos += chunk.len() as u32;
@@ -99,7 +116,7 @@ pub fn run(a: &ModelArgs) -> Result<()> {
             }
         }
         results.push(TestResult {
-            name: format!("pp{}", a.n_prompt),
+            name: format!("pp{}{at}", a.n_prompt),
             tps,
         });
     }
@@ -108,15 +125,15 @@ pub fn run(a: &ModelArgs) -> Result<()> {
         for rep in 0..=a.reps {
             let toks = ids(a.n_gen, 7 + rep as u32);
             let t0 = Instant::now();
-            for (pos, t) in toks.iter().enumerate() {
-                engine.step(std::slice::from_ref(t), pos as u32, Logits::Last)?;
+            for (i, t) in toks.iter().enumerate() {
+                engine.step(std::slice::from_ref(t), a.depth + i as u32, Logits::Last)?;
             }
             if rep > 0 {
                 tps.push(a.n_gen as f64 / t0.elapsed().as_secs_f64());
             }
         }
         results.push(TestResult {
-            name: format!("tg{}", a.n_gen),
+            name: format!("tg{}{at}", a.n_gen),
             tps,
         });
     }
@@ -139,7 +156,7 @@ pub fn run(a: &ModelArgs) -> Result<()> {
             .map(|r| {
                 serde_json::json!({
                     "model": name, "size_bytes": size, "params": params, "backend": backend,
-                    "ngl": ngl, "n_batch": a.batch, "test": r.name,
+                    "ngl": ngl, "n_batch": a.batch, "n_depth": a.depth, "test": r.name,
                     "avg_ts": r.mean(), "stddev_ts": r.stddev(), "samples_ts": r.tps,
                     "mul_mat_variant": std::env::var(wgllm::ops::mul_mat::VARIANT_ENV).ok(),
                 })

@@ -14,7 +14,7 @@ use crate::{Error, Result};
 
 mod textures;
 use textures::Tex;
-pub use textures::{AttnTextures, CacheTextures, LayerTextures, KEPT_BUDGET};
+pub use textures::{AttnTextures, CacheTextures, LayerTextures, KEPT_BUDGET, SHARED_MAX_CTX};
 
 /// Keys per invocation of `attn_scores` (`TK`) and tokens per invocation of the batch
 /// kernels `attn_scores_t4` and `attn_out_t4` (`TT`).

@@ -18,6 +18,12 @@ use crate::Result;
 /// they double the KV cache's memory, which is worth a faster long context up to here.
 pub const KEPT_BUDGET: u64 = 1 << 30;
 
+/// Contexts of at most this many positions share one set: a step's copies are then at
+/// most this many rows per layer (SmolLM2: 12 MB per step over all layers, 1-2 ms of a
+/// 35 ms step on lavapipe), and the short runs that size their context to the request
+/// keep the memory of a texture set per layer.
+pub const SHARED_MAX_CTX: u32 = 512;
+
 /// Where the caches' textures live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheTextures {
@@ -29,11 +35,12 @@ pub enum CacheTextures {
 }
 
 impl CacheTextures {
-    /// Kept for `layers` of `attn`'s shape where their textures take at most
-    /// [`KEPT_BUDGET`]; else shared.
+    /// Kept for `layers` of `attn`'s shape where the context is longer than
+    /// [`SHARED_MAX_CTX`] and their textures take at most [`KEPT_BUDGET`]; else shared.
     pub fn for_layers(attn: &Attention, layers: std::ops::Range<u32>) -> CacheTextures {
         let n = layers.len() as u32;
-        match 2 * n as u64 * attn.cache_bytes() <= KEPT_BUDGET {
+        let bytes = 2 * n as u64 * attn.cache_bytes();
+        match attn.n_ctx > SHARED_MAX_CTX && bytes <= KEPT_BUDGET {
             true => CacheTextures::Kept {
                 first: layers.start,
                 n,
@@ -212,5 +219,39 @@ impl LayerTextures<'_> {
             },
         };
         vec![k, v]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn smollm2(n_ctx: u32) -> Attention {
+        Attention {
+            head_dim: 64,
+            n_head: 9,
+            n_head_kv: 3,
+            n_ctx,
+            window: 0,
+            scale: 0.125,
+        }
+    }
+
+    #[test]
+    fn long_contexts_keep_a_set_per_layer_within_the_budget() {
+        let kept = CacheTextures::Kept { first: 2, n: 28 };
+        assert_eq!(CacheTextures::for_layers(&smollm2(4096), 2..30), kept);
+        // Short contexts copy little per step; a set per layer would only cost memory.
+        let short = smollm2(SHARED_MAX_CTX);
+        assert_eq!(
+            CacheTextures::for_layers(&short, 0..30),
+            CacheTextures::Shared
+        );
+        // 30 layers at 128k positions: 2 x 30 x 48 MiB, past the budget.
+        let long = smollm2(1 << 17);
+        assert_eq!(
+            CacheTextures::for_layers(&long, 0..30),
+            CacheTextures::Shared
+        );
     }
 }
