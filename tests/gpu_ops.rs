@@ -549,6 +549,11 @@ fn attention_gqa_window_batches() {
             (64, 8, 2, 16, 101, 1),
             (32, 4, 4, 0, 0, 1),
             (32, 2, 1, 0, attention::DECODE_MAX_KV + 3, 1),
+            // Long enough that the decode kernel splits its keys where its groups of
+            // heads do not fill the host's cores (three groups here on two cores; the
+            // second with a window, whose first block the splits start at).
+            (64, 9, 3, 0, attention::SPLIT_MIN_KV + 477, 1),
+            (64, 6, 3, 100, attention::SPLIT_MIN_KV + 276, 1),
         ] {
             // An odd context gives V rows a padded stride.
             let n_ctx = if pos % 2 == 1 { 127u32 } else { 128 }.max(pos + toks);

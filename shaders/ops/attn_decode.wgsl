@@ -13,6 +13,11 @@
 // q and the caches are read through `dq`, `dk` and `dv8`: from their storage buffers
 // (common/attn_dec_buffer.wgsl), or q as a uniform and K and V from the textures the
 // step copied them into (common/attn_dec_texture.wgsl, the `attn_decode_tex` build).
+//
+// With SPLITS > 1 (common/attn_split.wgsl) each group of heads' keys are split over
+// SPLITS workgroups, so that a long context keeps every core busy: each normalises
+// nothing, leaves its probabilities relative to its own max, and writes that max, its
+// sum and its weighted sum to `part`; `attn_decode_join` combines them.
 
 struct Params {
     head_dim: u32,
@@ -29,6 +34,7 @@ struct Params {
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(5) var<storage, read_write> probs: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> part: array<vec4<f32>>;
 
 // Lanes per workgroup: the device's subgroup size.
 override WG: u32 = 8u;
@@ -49,7 +55,10 @@ struct V8 {
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) l: u32) {
-    let h0 = wid.x * HG;
+    // Workgroup x is group x % n_groups, split x / n_groups.
+    let n_groups = p.n_head / HG;
+    let split = wid.x / n_groups;
+    let h0 = (wid.x % n_groups) * HG;
     let hkv = h0 / (p.n_head / p.n_head_kv);
     let d4 = p.head_dim / 4u;
     let qpos = step.pos;
@@ -61,18 +70,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // that holds the first of them (`window_start`); the row's entries before that
     // block are zero, as the three kernels leave them.
     let s8 = window_start(qpos) / 8u;
-    for (var g = 0u; g < HG; g++) {
+    for (var g = 0u; g < HG && split == 0u; g++) {
         for (var j4 = l; j4 < 2u * s8; j4 += WG) {
             probs[row0 + g * hrow + j4] = vec4<f32>();
         }
     }
+    // This split's vec4s of keys [a4, e4).
+    let blocks = split_blocks(split, qpos, n4);
+    let a4 = 2u * blocks.x;
+    let e4 = 2u * blocks.y;
     // Scores, four keys per vec4 of the row; lane l takes vec4s l, l + WG, ... and
     // each key load serves the HG heads, each q load its four keys.
     var m: array<f32, MAX_HG>;
     for (var g = 0u; g < HG; g++) {
         m[g] = -3.0e38;
     }
-    for (var j4 = 2u * s8 + l; j4 < n4; j4 += WG) {
+    for (var j4 = a4 + l; j4 < e4; j4 += WG) {
         var kb: array<u32, 4>;
         for (var k = 0u; k < 4u; k++) {
             kb[k] = (min(4u * j4 + k, step.n_kv - 1u) * p.n_head_kv + hkv) * d4;
@@ -117,18 +130,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             m[g] = max(m[g], max(max(sm.x, sm.y), max(sm.z, sm.w)));
         }
     }
-    // Softmax over each head's row: each lane rereads the entries it wrote.
+    // Softmax over each head's row: each lane rereads the entries it wrote. Splits
+    // keep their share relative to its own max and leave the normalising to the join.
     for (var g = 0u; g < HG; g++) {
         let row = row0 + g * hrow;
         let mx = subgroupMax(m[g]);
         var sum = 0.0;
-        for (var j4 = 2u * s8 + l; j4 < n4; j4 += WG) {
+        for (var j4 = a4 + l; j4 < e4; j4 += WG) {
             let e = exp(probs[row + j4] - mx);
             probs[row + j4] = e;
             sum += e.x + e.y + e.z + e.w;
         }
-        let inv = 1.0 / subgroupAdd(sum);
-        for (var j4 = 2u * s8 + l; j4 < n4; j4 += WG) {
+        let total = subgroupAdd(sum);
+        if (SPLITS > 1u) {
+            if (l == 0u) {
+                part[part_at(h0 + g, split, d4)] = vec4<f32>(mx, total, 0.0, 0.0);
+            }
+            continue;
+        }
+        let inv = 1.0 / total;
+        for (var j4 = a4 + l; j4 < e4; j4 += WG) {
             probs[row + j4] *= inv;
         }
     }
@@ -144,7 +165,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var dg = l; dg < d4; dg += WG) {
         let d = hkv * p.head_dim + 4u * dg;
         var acc: array<vec4<f32>, MAX_HG>;
-        for (var j4 = 2u * s8; j4 < n4; j4 += 2u) {
+        for (var j4 = a4; j4 < e4; j4 += 2u) {
             let j8 = j4 / 2u;
             let v0 = dv8(d, j8);
             let v1 = dv8(d + 1u, j8);
@@ -158,7 +179,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
         }
         for (var g = 0u; g < HG; g++) {
-            out[(h0 + g) * d4 + dg] = acc[g];
+            if (SPLITS > 1u) {
+                part[part_at(h0 + g, split, d4) + 1u + dg] = acc[g];
+            } else {
+                out[(h0 + g) * d4 + dg] = acc[g];
+            }
         }
     }
 }

@@ -26,6 +26,7 @@ const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
 const ROPE_STORE_IO: &str = wgsl!("common/rope_store_io.wgsl");
 const ATTN_V: &str = wgsl!("common/attn_v.wgsl");
 const ATTN_MASK: &str = wgsl!("common/attn_mask.wgsl");
+const ATTN_SPLIT: &str = wgsl!("common/attn_split.wgsl");
 /// Where `attn_scores` reads Q and K, and `attn_out` the probabilities and V: their
 /// storage buffers, or textures copied from them.
 const ATTN_QK_BUFFER: &str = wgsl!("common/attn_qk_buffer.wgsl");
@@ -108,6 +109,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
             STEP,
             ATTN_V,
             ATTN_MASK,
+            ATTN_SPLIT,
             wgsl!("common/attn_dec_buffer.wgsl"),
         ],
         wgsl!("ops/attn_decode.wgsl"),
@@ -117,10 +119,16 @@ const OPS: &[(&str, &[&str], &str)] = &[
         &[
             STEP,
             ATTN_MASK,
+            ATTN_SPLIT,
             SCRATCH_TEXEL,
             wgsl!("common/attn_dec_texture.wgsl"),
         ],
         wgsl!("ops/attn_decode.wgsl"),
+    ),
+    (
+        "attn_decode_join",
+        &[STEP, ATTN_MASK, ATTN_SPLIT],
+        wgsl!("ops/attn_decode_join.wgsl"),
     ),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
     ("glu", &[STEP, ACT], wgsl!("ops/glu.wgsl")),

@@ -121,9 +121,28 @@ pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention, batch: u32) -> Vec<W
     let decode_tex = attn.decodes_from_textures(ctx);
     let heads = attn.decode_heads(decode_tex);
     jobs.push(Box::new(move || {
-        decode_pipeline(ctx, decode_tex, heads).map(drop)
+        decode_pipeline(ctx, decode_tex, heads, 1).map(drop)
     }));
+    let splits = attn.decode_splits(decode_tex, heads);
+    if splits > 1 {
+        jobs.push(Box::new(move || {
+            decode_pipeline(ctx, decode_tex, heads, splits)?;
+            op_pipeline_with(ctx, "attn_decode_join", splits).map(drop)
+        }));
+    }
     jobs
+}
+
+/// `attn_decode_join` for `splits` splits.
+fn op_pipeline_with(
+    ctx: &GpuContext,
+    name: &str,
+    splits: u32,
+) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
+    let consts = [("WG", WG as f64), ("SPLITS", splits as f64)];
+    ctx.pipelines.get(&ctx.device, name, &consts, || {
+        crate::gpu::shaders::op_source(name)
+    })
 }
 
 /// Most cached positions a single-token step may hold for `attn_decode`: it runs one
@@ -136,21 +155,40 @@ fn decode_fused(s: &StepInfo) -> bool {
     s.n_tokens == 1 && s.n_kv <= DECODE_MAX_KV
 }
 
+/// Fewest cached positions at which `attn_decode` splits its keys where it has splits
+/// ([`Attention::decode_splits`]): below, the join's dispatch (about 60 us on lavapipe)
+/// costs about what the idle cores do (SmolLM2 at 2000 positions: 17.4 ms of attention
+/// per step whole, 14.3 split plus 1.9 joining; docs/perf.md).
+pub const SPLIT_MIN_KV: u32 = 2048;
+
+/// Whether a step runs `attn_decode` with its keys split.
+fn decode_split(s: &StepInfo) -> bool {
+    decode_fused(s) && s.n_kv >= SPLIT_MIN_KV
+}
+
+/// Most splits of `attn_decode`'s keys (`MAX_SPLITS` in `attn_decode_join`).
+const MAX_DECODE_SPLITS: u32 = 16;
+
 /// Most query heads one `attn_decode` workgroup takes (`MAX_HG` in its shader).
 const MAX_DECODE_HEADS: u32 = 4;
 
 /// `attn_decode`'s pipeline (`attn_decode_tex` with `tex`) for workgroups of `heads`
-/// query heads, or None where the device cannot run it: its workgroup must be one whole
-/// subgroup, and it binds five storage buffers.
+/// query heads and keys in `splits`, or None where the device cannot run it: its
+/// workgroup must be one whole subgroup, and it binds six storage buffers.
 fn decode_pipeline(
     ctx: &GpuContext,
     tex: bool,
     heads: u32,
+    splits: u32,
 ) -> Result<Option<std::sync::Arc<wgpu::ComputePipeline>>> {
     let Some(sg) = ctx.fixed_subgroup().filter(|_| decode_available(ctx)) else {
         return Ok(None);
     };
-    let consts = [("WG", sg as f64), ("HG", heads as f64)];
+    let consts = [
+        ("WG", sg as f64),
+        ("HG", heads as f64),
+        ("SPLITS", splits as f64),
+    ];
     let name = if tex {
         "attn_decode_tex"
     } else {
@@ -173,9 +211,9 @@ pub fn window_start(window: u32, qpos: u32) -> u32 {
 }
 
 /// Whether the device runs `attn_decode`: its workgroup must be one whole subgroup,
-/// and it binds five storage buffers.
+/// and it binds six storage buffers.
 fn decode_available(ctx: &GpuContext) -> bool {
-    ctx.fixed_subgroup().is_some() && ctx.limits.max_storage_buffers_per_shader_stage >= 5
+    ctx.fixed_subgroup().is_some() && ctx.limits.max_storage_buffers_per_shader_stage >= 6
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -312,6 +350,20 @@ impl Attention {
             .unwrap_or(1)
     }
 
+    /// Splits of each `attn_decode` workgroup's keys at long contexts ([`SPLIT_MIN_KV`])
+    /// where it reads textures (CPU-hosted drivers): 1 where its workgroups of `heads`
+    /// heads are a multiple of the host's cores, else enough for twice as many
+    /// workgroups as cores, so that no core idles while another works through a whole
+    /// row (SmolLM2's three groups on two cores: six workgroups). GPUs keep one.
+    fn decode_splits(&self, tex: bool, heads: u32) -> u32 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let groups = self.n_head / heads.max(1);
+        if !tex || self.n_ctx < SPLIT_MIN_KV || groups == 0 || groups % cores == 0 {
+            return 1;
+        }
+        (2 * cores).div_ceil(groups).clamp(1, MAX_DECODE_SPLITS)
+    }
+
     /// Whether single tokens read q as a uniform and K and V from textures
     /// (`attn_decode_tex`), given a q buffer that binds as one
     /// (`mul_mat::reads_uniform`): V's texture holds a row of texels per value row.
@@ -381,7 +433,7 @@ impl Attention {
         for c in 0..chunks.count {
             d.extend(self.gpu_chunk(ctx, step, bufs, c, chunks, fused.is_some(), tex)?);
         }
-        d.extend(fused);
+        d.extend(fused.into_iter().flatten());
         Ok(d)
     }
 
@@ -453,12 +505,13 @@ impl Attention {
         [q, k_cache, v_cache, probs, out]: [&wgpu::Buffer; 5],
         chunks: Chunks,
         tex: Option<LayerTextures<'_>>,
-    ) -> Result<Option<Dispatch>> {
+    ) -> Result<Option<Vec<Dispatch>>> {
         let kept = tex.filter(|t| t.kept());
         let tex =
             tex.filter(|_| self.decodes_from_textures(ctx) && super::mul_mat::reads_uniform(q));
         let heads = self.decode_heads(tex.is_some());
-        let Some(pipe) = decode_pipeline(ctx, tex.is_some(), heads)? else {
+        let splits = self.decode_splits(tex.is_some(), heads);
+        let Some(whole) = decode_pipeline(ctx, tex.is_some(), heads, 1)? else {
             return Ok(None);
         };
         let p = DecodeParams {
@@ -471,28 +524,62 @@ impl Attention {
             tn: chunks.tokens,
             _pad: 0,
         };
+        let part_bytes = (self.n_head * splits * (self.head_dim / 4 + 1)) as u64 * 16;
+        let part = crate::gpu::upload::storage(ctx, "attn_decode_part", part_bytes)?;
+        // The whole rows, and with splits, the split build for long contexts: a step
+        // runs one of them.
+        let mut builds = vec![(whole, 1)];
+        if splits > 1 {
+            let split = decode_pipeline(ctx, tex.is_some(), heads, splits)?;
+            builds.extend(split.map(|pipe| (pipe, splits)));
+        }
+        let has_splits = builds.len() > 1;
         let groups = self.n_head / heads;
-        let grid = move |s: &StepInfo| [groups * decode_fused(s) as u32, 1, 1];
-        let Some(t) = tex else {
-            let bufs = [q, k_cache, v_cache, probs, out];
-            let d = dispatch(ctx, "attn_decode", pipe, step, &p, &bufs, grid)?;
-            let copies = kept.map(|t| t.cache_copies(self, k_cache, v_cache));
-            return Ok(Some(d.with_copies(copies.unwrap_or_default())));
-        };
-        let resources = vec![
-            // The uniform q of common/attn_dec_texture.wgsl: the buffer's first bytes.
-            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: q,
-                offset: 0,
-                size: wgpu::BufferSize::new(super::mul_mat::X_UNIFORM_BYTES),
-            }),
-            wgpu::BindingResource::TextureView(&t.k.1),
-            wgpu::BindingResource::TextureView(&t.v.1),
-            probs.as_entire_binding(),
-            out.as_entire_binding(),
-        ];
-        let d = super::dispatch_bound(ctx, "attn_decode", pipe, step, &p, resources, grid)?;
-        Ok(Some(d.with_copies(t.cache_copies(self, k_cache, v_cache))))
+        let mut dispatches = Vec::new();
+        for (pipe, n) in builds {
+            let grid = move |s: &StepInfo| {
+                let on = decode_fused(s) && (!has_splits || decode_split(s) == (n > 1));
+                [groups * n * on as u32, 1, 1]
+            };
+            let Some(t) = tex else {
+                let bufs = [q, k_cache, v_cache, probs, out, &part];
+                let d = dispatch(ctx, "attn_decode", pipe, step, &p, &bufs, grid)?;
+                let copies = kept.map(|t| t.cache_copies(self, k_cache, v_cache));
+                dispatches.push(d.with_copies(copies.unwrap_or_default()));
+                continue;
+            };
+            let resources = vec![
+                // The uniform q of common/attn_dec_texture.wgsl: the buffer's first bytes.
+                wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: q,
+                    offset: 0,
+                    size: wgpu::BufferSize::new(super::mul_mat::X_UNIFORM_BYTES),
+                }),
+                wgpu::BindingResource::TextureView(&t.k.1),
+                wgpu::BindingResource::TextureView(&t.v.1),
+                probs.as_entire_binding(),
+                out.as_entire_binding(),
+                part.as_entire_binding(),
+            ];
+            let d = super::dispatch_bound(ctx, "attn_decode", pipe, step, &p, resources, grid)?;
+            dispatches.push(d.with_copies(t.cache_copies(self, k_cache, v_cache)));
+        }
+        if has_splits {
+            let join = op_pipeline_with(ctx, "attn_decode_join", splits)?;
+            let n_head = self.n_head;
+            let grid = move |s: &StepInfo| [n_head * decode_split(s) as u32, 1, 1];
+            let bufs = [probs, out, &part];
+            dispatches.push(dispatch(
+                ctx,
+                "attn_decode_join",
+                join,
+                step,
+                &p,
+                &bufs,
+                grid,
+            )?);
+        }
+        Ok(Some(dispatches))
     }
 
     /// The dispatches of chunk `c` (tokens c * tokens ..): buffers as in [`Self::gpu`].
