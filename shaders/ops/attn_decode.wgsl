@@ -19,19 +19,8 @@
 // nothing, leaves its probabilities relative to its own max, and writes that max, its
 // sum and its weighted sum to `part`; `attn_decode_join` combines them.
 
-struct Params {
-    head_dim: u32,
-    n_head: u32,
-    n_head_kv: u32,
-    window: u32, // 0: no sliding window
-    scale: f32,
-    stride: u32, // halves per row of the V cache
-    tn: u32,     // rows per head in `probs`
-    _pad: u32,
-}
+// Params and bindings 0 and 1: common/attn_dec_params.wgsl.
 
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(5) var<storage, read_write> probs: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> part: array<vec4<f32>>;

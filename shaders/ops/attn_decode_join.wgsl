@@ -2,21 +2,9 @@
 // head, the splits' maxima give the row's, each split's sum and weighted sum are scaled
 // to it, and out = the scaled weighted sums over the scaled sums. Each split's
 // probabilities are rescaled alike, so that `probs` ends as the unsplit kernel leaves
-// it (tools read it). One workgroup per head; Params as `attn_decode`'s.
+// it (tools read it). One workgroup per head; Params and bindings 0 and 1 as
+// `attn_decode`'s (common/attn_dec_params.wgsl).
 
-struct Params {
-    head_dim: u32,
-    n_head: u32,
-    n_head_kv: u32,
-    window: u32,
-    scale: f32,
-    stride: u32,
-    tn: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read_write> probs: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> part: array<vec4<f32>>;

@@ -27,6 +27,7 @@ const ROPE_STORE_IO: &str = wgsl!("common/rope_store_io.wgsl");
 const ATTN_V: &str = wgsl!("common/attn_v.wgsl");
 const ATTN_MASK: &str = wgsl!("common/attn_mask.wgsl");
 const ATTN_SPLIT: &str = wgsl!("common/attn_split.wgsl");
+const ATTN_DEC_PARAMS: &str = wgsl!("common/attn_dec_params.wgsl");
 /// Where `attn_scores` reads Q and K, and `attn_out` the probabilities and V: their
 /// storage buffers, or textures copied from them.
 const ATTN_QK_BUFFER: &str = wgsl!("common/attn_qk_buffer.wgsl");
@@ -107,6 +108,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
         "attn_decode",
         &[
             STEP,
+            ATTN_DEC_PARAMS,
             ATTN_V,
             ATTN_MASK,
             ATTN_SPLIT,
@@ -118,6 +120,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
         "attn_decode_tex",
         &[
             STEP,
+            ATTN_DEC_PARAMS,
             ATTN_MASK,
             ATTN_SPLIT,
             SCRATCH_TEXEL,
@@ -127,7 +130,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "attn_decode_join",
-        &[STEP, ATTN_MASK, ATTN_SPLIT],
+        &[STEP, ATTN_DEC_PARAMS, ATTN_MASK, ATTN_SPLIT],
         wgsl!("ops/attn_decode_join.wgsl"),
     ),
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),

@@ -241,6 +241,7 @@ struct ScoreParams {
     _pad: u32,
 }
 
+/// `attn_decode`'s and `attn_decode_join`'s (shaders/common/attn_dec_params.wgsl).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 struct DecodeParams {
