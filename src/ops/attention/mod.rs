@@ -14,7 +14,7 @@ use crate::{Error, Result};
 
 mod textures;
 use textures::Tex;
-pub use textures::{AttnTextures, CacheTextures, LayerTextures, KEPT_BUDGET, SHARED_MAX_CTX};
+pub use textures::{AttnTextures, CacheTextures, LayerTextures};
 
 /// Keys per invocation of `attn_scores` (`TK`) and tokens per invocation of the batch
 /// kernels `attn_scores_t4` and `attn_out_t4` (`TT`).
@@ -156,7 +156,7 @@ fn decode_fused(s: &StepInfo) -> bool {
 }
 
 /// Fewest cached positions at which `attn_decode` splits its keys where it has splits
-/// ([`Attention::decode_splits`]): below, the join's dispatch (about 60 us on lavapipe)
+/// (`Attention::decode_splits`): below, the join's dispatch (about 60 us on lavapipe)
 /// costs about what the idle cores do (SmolLM2 at 2000 positions: 17.4 ms of attention
 /// per step whole, 14.3 split plus 1.9 joining; docs/perf.md).
 pub const SPLIT_MIN_KV: u32 = 2048;
@@ -412,7 +412,7 @@ impl Attention {
     /// Where the device has it, one more for single-token steps (`attn_decode`), which
     /// then record nothing else. With `tex` (a layer's [`AttnTextures`]), batches read
     /// their operands from those textures, and single tokens K and V, copied there
-    /// before the first kernel that reads them ([`LayerTextures::cache_copies`]).
+    /// before the first kernel that reads them (`LayerTextures::cache_copies`).
     #[allow(clippy::too_many_arguments)]
     pub fn gpu(
         &self,

@@ -16,13 +16,13 @@ use crate::Result;
 
 /// Most bytes the caches' textures of all layers may take for [`CacheTextures::Kept`]:
 /// they double the KV cache's memory, which is worth a faster long context up to here.
-pub const KEPT_BUDGET: u64 = 1 << 30;
+const KEPT_BUDGET: u64 = 1 << 30;
 
 /// Contexts of at most this many positions share one set: a step's copies are then at
 /// most this many rows per layer (SmolLM2: 12 MB per step over all layers, 1-2 ms of a
 /// 35 ms step on lavapipe), and the short runs that size their context to the request
 /// keep the memory of a texture set per layer.
-pub const SHARED_MAX_CTX: u32 = 512;
+const SHARED_MAX_CTX: u32 = 512;
 
 /// Where the caches' textures live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,7 +36,7 @@ pub enum CacheTextures {
 
 impl CacheTextures {
     /// Kept for `layers` of `attn`'s shape where the context is longer than
-    /// [`SHARED_MAX_CTX`] and their textures take at most [`KEPT_BUDGET`]; else shared.
+    /// `SHARED_MAX_CTX` and their textures take at most `KEPT_BUDGET`; else shared.
     pub fn for_layers(attn: &Attention, layers: std::ops::Range<u32>) -> CacheTextures {
         let n = layers.len() as u32;
         let bytes = 2 * n as u64 * attn.cache_bytes();
