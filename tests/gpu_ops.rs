@@ -84,6 +84,11 @@ fn mul_mat_all_types_awkward_shapes() {
                 (130, 64, 5),
                 (64, 576, 3),
                 (257, 160, 9),
+                // Past 16 workgroups of 64 rows, where CPU-hosted drivers give each
+                // workgroup more (`mul_mat::ks1_rows`): 144 rows each, the last 34;
+                // and past the most, 512.
+                (2050, 64, 6),
+                (9001, 32, 1),
             ] {
                 check_mul_mat(ctx, ty, rows, cols, toks, Columns::All);
             }

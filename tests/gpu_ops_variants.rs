@@ -407,6 +407,9 @@ fn gate_up_stores_the_activation() {
             (GgmlType::Q4_K, 40, 1024, Activation::GeluTanh),
             (GgmlType::Q8_0, 36, 640, Activation::Silu),
             (GgmlType::Q6_K, 24, 512, Activation::Silu),
+            // 2096 rows: past 16 workgroups of 64, so that CPU-hosted drivers walk
+            // 144 rows per workgroup (`mul_mat::ks1_rows`), the last one 80.
+            (GgmlType::Q4_1, 1048, 64, Activation::Silu),
         ] {
             for toks in [1, 5] {
                 for xk in [XBuffer::Storage, XBuffer::Uniform] {

@@ -9,8 +9,11 @@
 
 // Lanes per workgroup: the device's subgroup size.
 override WG: u32 = 8u;
-// Rows per workgroup, as `mul_mat_ks`.
-const ROWS: u32 = 64u;
+// Rows per workgroup: the host's choice per product (`ops::mul_mat::ks1_rows`), a
+// multiple of 2 WG, so that a GLU store's blocks of gate and up rows stay whole.
+fn wg_rows() -> u32 {
+    return p.wg_rows;
+}
 // Chunks per lane, 1 to 6: the fewest that cover a row (`ops::mul_mat::ks1_slots`).
 // The host drops the lines of the slots past SLOTS from the source (their `@slot k`
 // marks, see `row_dot` in ops/mul_mat_ks1.wgsl).

@@ -27,7 +27,8 @@ struct Params {
     // single-token build stores act(gate) * up (`mul_mat_ks1`'s GLU store): y_stride
     // rows of gate, then as many of up.
     glu: u32,
-    _pad0: u32,
+    // Rows per workgroup of `mul_mat_ks1` and `mul_mat_ks1i` (common/ks1_lanes.wgsl).
+    wg_rows: u32,
     _pad1: u32,
     _pad2: u32,
 }

@@ -2,7 +2,8 @@
 // output tokens, and the activations a chunk of 32 at a time, read through `xv`
 // (`ops/mul_mat_xs.wgsl` or `ops/mul_mat_xu.wgsl`).
 
-// Workgroup `wid`'s ROWS rows from r0 (nr of them exist; none when r0 >= p.n_rows), and
+// Workgroup `wid`'s `wg_rows()` rows from r0 (nr of them exist; none when r0 >= p.n_rows),
+// each kernel's own (a constant, or the host's choice in `mul_mat_ks1`), and
 // its output tokens: batch token `first` on, up to n_out (the last token alone for
 // `last_only`; tok0 .. tok0 + tok_n of them per dispatch).
 struct KsRows {
@@ -13,11 +14,11 @@ struct KsRows {
 }
 
 fn ks_rows(wid: vec3<u32>, nwg: vec3<u32>) -> KsRows {
-    let r0 = (wid.y * nwg.x + wid.x) * ROWS;
+    let r0 = (wid.y * nwg.x + wid.x) * wg_rows();
     let first = select(0u, step.n_tokens - 1u, p.last_only != 0u);
     return KsRows(
         r0,
-        min(ROWS, p.n_rows - min(r0, p.n_rows)),
+        min(wg_rows(), p.n_rows - min(r0, p.n_rows)),
         first,
         min(step.n_tokens - first, p.tok0 + min(p.tok_n, step.n_tokens)),
     );

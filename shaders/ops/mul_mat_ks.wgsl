@@ -31,6 +31,10 @@ override WG: u32 = 8u;
 // per-workgroup start less often. The loops over rows keep a variable trip count:
 // a constant one (unrolled) was 1.5-2x slower.
 const ROWS: u32 = 64u;
+// `ks_rows` (common/x_chunk.wgsl) asks each kernel for its rows per workgroup.
+fn wg_rows() -> u32 {
+    return ROWS;
+}
 // Single tokens walk chunk pairs (`wdot64`): for types whose neighbouring chunks share
 // words (Q4_K's and Q5_K's paired nibbles, Q6_K's high bits and scales); others walk
 // single chunks, which keeps more lanes busy on short rows.

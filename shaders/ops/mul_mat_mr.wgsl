@@ -31,6 +31,9 @@ override WG: u32 = 64u;
 override SG_WHOLE: bool = false;
 // Rows per workgroup: the four components of a lane's sums.
 const ROWS: u32 = 4u;
+fn wg_rows() -> u32 {
+    return ROWS;
+}
 // Tokens per pass over the rows (a row is read once per TILE tokens): 4, or 1 in the
 // single-token build, which then holds one token's sums and activations.
 override TILE: u32 = 4u;

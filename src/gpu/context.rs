@@ -184,6 +184,12 @@ fn adapter_group(g: Group) -> Vec<wgpu::Adapter> {
     })
 }
 
+/// The host's cores: the threads a CPU-hosted driver (lavapipe) runs workgroups on, one
+/// per core unless told otherwise (`LP_NUM_THREADS`).
+pub fn host_cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get()) as u32
+}
+
 /// The best hardware GPU (anything but a software, CPU-type adapter) of the primary
 /// backends (Vulkan, Metal, DX12), or of those `WGPU_BACKEND` names, if there is one.
 /// Leaves out the GL backend unless named: starting it (EGL and a GL driver) costs

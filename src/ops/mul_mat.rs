@@ -190,6 +190,49 @@ const ROW_WG: u32 = 64;
 /// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
 const KS_ROWS: u32 = 64;
 
+/// Workgroups a single-token product of `mul_mat_ks1` aims for on CPU-hosted drivers
+/// ([`ks1_rows`]), and the most rows one may take.
+const KS1_GROUPS: u32 = 16;
+const KS1_MAX_ROWS: u32 = 512;
+
+/// What a build of `mul_mat_ks1` or `mul_mat_ks1i` walks per workgroup, which sets its
+/// rows per workgroup ([`ks1_rows`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Ks1Walk {
+    /// Single tokens, one at a time.
+    Tokens,
+    /// A batch's tiles of tokens.
+    Tiles,
+}
+
+/// Rows per workgroup of `mul_mat_ks1` and `mul_mat_ks1i` over `n_rows` rows (`wg_rows`
+/// in common/ks1_lanes.wgsl), a multiple of twice the subgroup, so that a GLU store's
+/// blocks of gate and up rows stay in one workgroup.
+///
+/// GPUs keep [`KS_ROWS`]: they want many workgroups in flight. CPU-hosted drivers run
+/// each workgroup on one of a thread per core, and a workgroup first loads (and folds
+/// the norm into, and for `mul_mat_ks1i` quantizes) the activations of its slots, for
+/// every token it walks: work that more rows per workgroup share. Measured on lavapipe
+/// (docs/perf.md):
+/// - a batch's tiles walk all their tokens through every workgroup, so batches run one
+///   workgroup per core: pp512 2.3x (SmolLM2) and 1.75x (Gemma 3) against 64 rows;
+/// - a single token's product is short (0.1-0.3 ms), and a thread that wakes late
+///   should still find work: about [`KS1_GROUPS`] workgroups of [`KS_ROWS`] to
+///   [`KS1_MAX_ROWS`] rows. Gemma 3's Q8_0 head 11% and its gate/up 9% faster than at
+///   64 rows; two workgroups were slower on the small products, and 32 rows decoded
+///   SmolLM2 at 0.8x.
+fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
+    if ctx.info.device_type != wgpu::DeviceType::Cpu {
+        return KS_ROWS;
+    }
+    let step = 2 * ctx.subgroup_min_size.clamp(1, KS_ROWS / 2);
+    let rows = match walk {
+        Ks1Walk::Tiles => n_rows.div_ceil(crate::gpu::context::host_cores().max(1)),
+        Ks1Walk::Tokens => n_rows.div_ceil(KS1_GROUPS).min(KS1_MAX_ROWS),
+    };
+    rows.next_multiple_of(step).max(KS_ROWS)
+}
+
 /// Rows per workgroup of `Mr` (`ROWS` in mul_mat_mr.wgsl).
 const MR_ROWS: u32 = 4;
 
@@ -578,6 +621,9 @@ struct Kernel {
     /// Whether it is a single-token build with the GLU store ([`Outputs::glu`]):
     /// `mul_mat_ks1`'s or `mul_mat_mr`'s.
     stores_glu: bool,
+    /// For the builds of `mul_mat_ks1` and `mul_mat_ks1i`, whose rows per workgroup the
+    /// host chooses ([`ks1_rows`]), what they walk.
+    ks1: Option<Ks1Walk>,
 }
 
 impl Kernel {
@@ -587,6 +633,15 @@ impl Kernel {
             steps,
             tiled: false,
             stores_glu: false,
+            ks1: None,
+        }
+    }
+
+    /// A build of `mul_mat_ks1` or `mul_mat_ks1i` walking `walk`.
+    fn ks1(pipe: Pipe, steps: Steps, walk: Ks1Walk) -> Kernel {
+        Kernel {
+            ks1: Some(walk),
+            ..Kernel::new(pipe, steps)
         }
     }
 }
@@ -690,10 +745,8 @@ fn kernels_compiled(
     };
     let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), ones))?;
     let single = |steps| Kernel {
-        pipe: single.clone(),
-        steps,
-        tiled: false,
         stores_glu: true,
+        ..Kernel::ks1(single.clone(), steps, Ks1Walk::Tokens)
     };
     if cols == Columns::Last {
         return Ok(vec![single(Steps::One)]);
@@ -710,11 +763,12 @@ fn kernels_compiled(
                 // `mul_mat_ks1i` runs every token of a batch, its last tile padded.
                 vec![
                     single(Steps::One),
-                    Kernel::new(tiles, Steps::Fours),
-                    Kernel::new(build(8)?, Steps::Eights),
+                    Kernel::ks1(tiles, Steps::Fours, Ks1Walk::Tiles),
+                    Kernel::ks1(build(8)?, Steps::Eights, Ks1Walk::Tiles),
                 ]
             } else {
-                vec![single(Steps::OneOrTail), Kernel::new(tiles, Steps::Tiles)]
+                let tiles = Kernel::ks1(tiles, Steps::Tiles, Ks1Walk::Tiles);
+                vec![single(Steps::OneOrTail), tiles]
             }
         }
         // `KsU` folds a norm only into products of the last token (`for_product`).
@@ -848,7 +902,10 @@ struct WinParams {
     norm_eps: f32,
     /// 0, or 1 + the activation of a GLU store ([`Outputs::glu`]).
     glu: u32,
-    _pad: [u32; 3],
+    /// Rows per workgroup of `mul_mat_ks1` ([`ks1_rows`]); the other kernels' are
+    /// constants.
+    wg_rows: u32,
+    _pad: [u32; 2],
 }
 
 impl WinParams {
@@ -881,7 +938,8 @@ impl WinParams {
             seg: out.seg,
             norm_eps: 0.0,
             glu: out.glu,
-            _pad: [0; 3],
+            wg_rows: KS_ROWS,
+            _pad: [0; 2],
         }
     }
 }
@@ -1262,8 +1320,7 @@ fn gpu_out(
             let mut parts = |steps: Steps, out: &Outputs<'_>| {
                 let on = move |s: &StepInfo| steps.admits(s, cols);
                 let io = (x, out, norm);
-                let kernel = (v, &k.pipe, k.tiled);
-                let d = part_dispatches(ctx, kernel, step, w, io, cols, toks, on)?;
+                let d = part_dispatches(ctx, (v, &k), step, w, io, cols, toks, on)?;
                 plan.extend(d);
                 Result::Ok(())
             };
@@ -1289,13 +1346,13 @@ fn glu_rows_fit(ctx: &GpuContext, v: Variant, n_ff: u32) -> bool {
     v == Variant::Mr || n_ff % ctx.subgroup_min_size.max(1) == 0
 }
 
-/// One dispatch per part of W with `pipe` (variant `v`), reading activations from `x`
-/// (storage, or the uniform copy; with a [`Norm`], its residual stream) for output
+/// One dispatch per part of W with `kernel` (of variant `v`), reading activations from
+/// `x` (storage, or the uniform copy; with a [`Norm`], its residual stream) for output
 /// tokens `tok0 .. tok0 + tok_n`; a step for which `on` is false gets an empty grid.
 #[allow(clippy::too_many_arguments)]
 fn part_dispatches(
     ctx: &GpuContext,
-    (v, pipe, tiled): (Variant, &Pipe, bool),
+    (v, kernel): (Variant, &Kernel),
     step: &wgpu::Buffer,
     w: &GpuTensor,
     (x, out, norm): (&wgpu::Buffer, &Outputs<'_>, Option<Norm<'_>>),
@@ -1314,7 +1371,10 @@ fn part_dispatches(
         .iter()
         .map(|part| {
             let mut wp = WinParams::new(w, part, cols, out, window, toks);
-            let g = grid(v, part.n_rows, max_groups);
+            if let Some(walk) = kernel.ks1 {
+                wp.wg_rows = ks1_rows(ctx, part.n_rows, walk);
+            }
+            let g = grid(v, part.n_rows, wp.wg_rows, max_groups);
             let x = norm.map_or(x, |n| n.x);
             let mut bindings = out.bindings(part, x);
             if let Some(n) = norm {
@@ -1330,13 +1390,14 @@ fn part_dispatches(
                     size: wgpu::BufferSize::new(X_UNIFORM_BYTES),
                 });
             }
-            if tiled {
+            let pipe = kernel.pipe.clone();
+            if kernel.tiled {
                 let grid = mm_grid(part.n_rows, toks, max_groups, &w.name)?;
                 let grid = move |s: &StepInfo| if on(s) { grid(s) } else { [0, 1, 1] };
-                return dispatch_bound(ctx, &label, pipe.clone(), step, &wp, bindings, grid);
+                return dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid);
             }
             let grid = move |s: &StepInfo| if on(s) { g } else { [0, 1, 1] };
-            dispatch_bound(ctx, &label, pipe.clone(), step, &wp, bindings, grid)
+            dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid)
         })
         .collect()
 }
@@ -1456,14 +1517,14 @@ fn mul_mat_layout(x_uniform: bool, memory: WeightMemory) -> [Binding; 8] {
 }
 
 /// Workgroups of variant `v` for `n_rows` rows: one row per invocation (`Row`, `Win`,
-/// `WinU`), per workgroup (`Wg`, `Sg`), `KS_ROWS` per workgroup (`Ks`, `KsU`) or
-/// `MR_ROWS` (`Mr`); grids
-/// wider than the per-dimension limit fold into y.
-fn grid(v: Variant, n_rows: u32, max_groups: u32) -> [u32; 3] {
+/// `WinU`), per workgroup (`Wg`, `Sg`), `ks_rows` per workgroup (`Ks`, `KsU`: `KS_ROWS`,
+/// or [`ks1_rows`] for the builds of `mul_mat_ks1`) or `MR_ROWS` (`Mr`); grids wider
+/// than the per-dimension limit fold into y.
+fn grid(v: Variant, n_rows: u32, ks_rows: u32, max_groups: u32) -> [u32; 3] {
     let n_wg = match v {
         Variant::Row | Variant::Win | Variant::WinU => return [groups(n_rows, WG), 1, 1],
         Variant::Wg | Variant::Sg => n_rows,
-        Variant::Ks | Variant::KsU => n_rows.div_ceil(KS_ROWS),
+        Variant::Ks | Variant::KsU => n_rows.div_ceil(ks_rows.max(1)),
         Variant::Mr => n_rows.div_ceil(MR_ROWS),
     };
     let gx = n_wg.min(max_groups).max(1);
@@ -1552,22 +1613,19 @@ fn gpu_uniform_x(
             move |s| [if live(s) { groups(n_copy, WG) } else { 0 }, 1, 1],
         )?);
         let toks = (tok0, tok_n);
-        for Kernel {
-            pipe, steps, tiled, ..
-        } in &kernels
-        {
+        for k in &kernels {
             // Single tokens are all in the first load.
-            if tok0 > 0 && *steps == Steps::One {
+            if tok0 > 0 && k.steps == Steps::One {
                 continue;
             }
-            let steps = *steps;
+            let steps = k.steps;
             let on = move |s: &StepInfo| live(s) && steps.admits(s, cols);
             let (v, xu) = (v, &xu);
             // A folded norm reads the residual stream from the copy too.
             let norm = norm.map(|n| Norm { x: xu, ..n });
             plan.extend(part_dispatches(
                 ctx,
-                (v, pipe, *tiled),
+                (v, k),
                 step,
                 w,
                 (xu, out, norm),

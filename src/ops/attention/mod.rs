@@ -343,7 +343,7 @@ impl Attention {
         if !tex || self.n_head_kv == 0 {
             return 1;
         }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let cores = crate::gpu::context::host_cores();
         let group = self.n_head / self.n_head_kv;
         (1..=MAX_DECODE_HEADS.min(group))
             .rev()
@@ -357,7 +357,7 @@ impl Attention {
     /// workgroups as cores, so that no core idles while another works through a whole
     /// row (SmolLM2's three groups on two cores: six workgroups). GPUs keep one.
     fn decode_splits(&self, tex: bool, heads: u32) -> u32 {
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+        let cores = crate::gpu::context::host_cores();
         let groups = self.n_head / heads.max(1);
         if !tex || self.n_ctx < SPLIT_MIN_KV || groups == 0 || groups % cores == 0 {
             return 1;
