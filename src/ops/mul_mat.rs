@@ -215,7 +215,8 @@ enum Ks1Walk {
 /// every token it walks: work that more rows per workgroup share. Measured on lavapipe
 /// (docs/perf.md):
 /// - a batch's tiles walk all their tokens through every workgroup, so batches run one
-///   workgroup per core: pp512 2.3x (SmolLM2) and 1.75x (Gemma 3) against 64 rows;
+///   workgroup per core: pp512 2.5-2.7x (SmolLM2) and 2.15-2.2x (Gemma 3) against 64
+///   rows;
 /// - a single token's product is short (0.1-0.3 ms), and a thread that wakes late
 ///   should still find work: about [`KS1_GROUPS`] workgroups of [`KS_ROWS`] to
 ///   [`KS1_MAX_ROWS`] rows. Gemma 3's Q8_0 head 11% and its gate/up 9% faster than at
@@ -227,7 +228,7 @@ fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
     }
     let step = 2 * ctx.subgroup_min_size.clamp(1, KS_ROWS / 2);
     let rows = match walk {
-        Ks1Walk::Tiles => n_rows.div_ceil(crate::gpu::context::host_cores().max(1)),
+        Ks1Walk::Tiles => n_rows.div_ceil(crate::gpu::context::host_cores()),
         Ks1Walk::Tokens => n_rows.div_ceil(KS1_GROUPS).min(KS1_MAX_ROWS),
     };
     rows.next_multiple_of(step).max(KS_ROWS)
