@@ -880,3 +880,24 @@ fn readback_waits_spinning_or_blocking() {
         }
     }
 }
+
+/// Batches long enough that a workgroup walking all their tokens over its rows would
+/// pass llvmpipe's loop limiter, which ends the walk without a trace: the host splits
+/// the tokens into windows along z (`mul_mat::ks_tok_win`). Without them, each of these
+/// left tokens unwritten on lavapipe: `mul_mat_ks1` in 320-row workgroups from token
+/// 144, `mul_mat_ks1i` in tiles of eight, `mul_mat_ks` on 4096 columns, and 64-row
+/// workgroups from token 1372.
+#[test]
+fn mul_mat_long_batches() {
+    for ctx in contexts() {
+        for (ty, rows, cols, toks) in [
+            (GgmlType::Q8_0, 640, 1024, 300),
+            (GgmlType::Q5_0, 640, 512, 600),
+            (GgmlType::Q5_0, 640, 4096, 512),
+            (GgmlType::Q4_K, 640, 2048, 515),
+            (GgmlType::Q8_0, 64, 64, 2048),
+        ] {
+            check_mul_mat(ctx, ty, rows, cols, toks, Columns::All);
+        }
+    }
+}

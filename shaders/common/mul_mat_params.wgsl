@@ -29,7 +29,9 @@ struct Params {
     glu: u32,
     // Rows per workgroup of `mul_mat_ks1` and `mul_mat_ks1i` (common/ks1_lanes.wgsl).
     wg_rows: u32,
-    _pad1: u32,
+    // Output tokens per workgroup of the `Ks` family: workgroup z walks tokens
+    // tok0 + z tok_win .. (common/x_chunk.wgsl, `ops::mul_mat::ks_tok_win`).
+    tok_win: u32,
     _pad2: u32,
 }
 

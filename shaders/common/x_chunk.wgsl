@@ -4,23 +4,30 @@
 
 // Workgroup `wid`'s `wg_rows()` rows from r0 (nr of them exist; none when r0 >= p.n_rows),
 // each kernel's own (a constant, or the host's choice in `mul_mat_ks1`), and
-// its output tokens: batch token `first` on, up to n_out (the last token alone for
-// `last_only`; tok0 .. tok0 + tok_n of them per dispatch).
+// its output tokens t0 .. n_out, counted from batch token `first` (the last token alone
+// for `last_only`; tok0 .. tok0 + tok_n of them per dispatch, in windows of tok_win
+// along z). The windows keep each workgroup's loop trips bounded: llvmpipe ends a
+// loop nest after a fixed number of trips (its loop limiter), silently, so a workgroup
+// that walks too many rows times tokens leaves outputs unwritten.
 struct KsRows {
     r0: u32,
     nr: u32,
     first: u32,
     n_out: u32,
+    t0: u32,
 }
 
 fn ks_rows(wid: vec3<u32>, nwg: vec3<u32>) -> KsRows {
     let r0 = (wid.y * nwg.x + wid.x) * wg_rows();
     let first = select(0u, step.n_tokens - 1u, p.last_only != 0u);
+    let t0 = p.tok0 + wid.z * p.tok_win;
+    let end = min(step.n_tokens - first, p.tok0 + min(p.tok_n, step.n_tokens));
     return KsRows(
         r0,
         min(wg_rows(), p.n_rows - min(r0, p.n_rows)),
         first,
-        min(step.n_tokens - first, p.tok0 + min(p.tok_n, step.n_tokens)),
+        min(end, t0 + p.tok_win),
+        t0,
     );
 }
 

@@ -83,7 +83,7 @@ fn main(
     let first = w.first;
     let n_out = w.n_out;
     let out0 = p.row0 + r0;
-    var t = p.tok0;
+    var t = w.t0;
     // Five to seven tokens left over run as one short tile, which computes the missing
     // tokens from whatever the activation buffer holds and does not store them: a tile
     // costs about what four single tokens do (measured on lavapipe, pp3-pp15). The bound

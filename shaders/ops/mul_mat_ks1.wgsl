@@ -172,7 +172,7 @@ fn main(
     let first = w.first;
     let n_out = w.n_out;
     let out0 = p.row0 + r0;
-    var t = p.tok0;
+    var t = w.t0;
     for (; TILE && t + 4u <= n_out; t += 4u) {
         let inv = vec4<f32>(
             norm_inv(first, t, l, n_chunks),

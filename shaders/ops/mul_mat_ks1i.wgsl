@@ -246,7 +246,7 @@ fn main(
     let n_out = w.n_out;
     let out0 = p.row0 + r0;
     let lanes = vec4<u32>(0u, 1u, 2u, 3u);
-    for (var t = p.tok0; t < n_out; t += TILE) {
+    for (var t = w.t0; t < n_out; t += TILE) {
         let tt = min(vec4<u32>(t) + lanes, vec4<u32>(n_out - 1u));
         let inv = norm_inv4(first, tt, l, n_chunks);
         let s0 = qslot4(first, tt, 0u, l, n_chunks, inv);

@@ -234,6 +234,28 @@ fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
     rows.next_multiple_of(step).max(KS_ROWS)
 }
 
+/// Output tokens per workgroup of a `Ks` family dispatch that does not split its
+/// tokens: all of them.
+const KS_TOK_WIN_ALL: u32 = 1 << 24;
+
+/// The most loop trips, in rows times tokens times chunks per lane, that one workgroup
+/// of the `Ks` family walks ([`ks_tok_win`]): 64 rows of a 512-token batch.
+const KS_WALK_TRIPS: u32 = 64 * 512;
+
+/// Output tokens per workgroup of a `Ks` family kernel with `wg_rows` rows per
+/// workgroup and `lane_chunks` chunks per lane in its inner loop (1 for `mul_mat_ks1`,
+/// whose slots are unrolled): a multiple of 8, so that every window but the last is
+/// whole tiles of four and of eight. llvmpipe ends a loop nest after a fixed number of
+/// trips (its loop limiter) without a trace: measured on lavapipe, `mul_mat_ks1`
+/// workgroups stopped storing after about 22,000-23,600 rows of tiles of four tokens
+/// (640 rows per workgroup at 300 tokens, 64 rows at 1400), and `mul_mat_ks` at 512
+/// tokens of 4096 columns in 64 rows. [`KS_WALK_TRIPS`] keeps 2.7x below the first
+/// and further below the second.
+fn ks_tok_win(wg_rows: u32, lane_chunks: u32) -> u32 {
+    let per_token = wg_rows.max(1).saturating_mul(lane_chunks.max(1));
+    (KS_WALK_TRIPS / per_token / 8 * 8).max(8)
+}
+
 /// Rows per workgroup of `Mr` (`ROWS` in mul_mat_mr.wgsl).
 const MR_ROWS: u32 = 4;
 
@@ -907,7 +929,9 @@ struct WinParams {
     /// Rows per workgroup of `mul_mat_ks1` ([`ks1_rows`]); the other kernels' are
     /// constants.
     wg_rows: u32,
-    _pad: [u32; 2],
+    /// Output tokens per workgroup of the `Ks` family ([`ks_tok_win`]).
+    tok_win: u32,
+    _pad: u32,
 }
 
 impl WinParams {
@@ -941,7 +965,8 @@ impl WinParams {
             norm_eps: 0.0,
             glu: out.glu,
             wg_rows: KS_ROWS,
-            _pad: [0; 2],
+            tok_win: KS_TOK_WIN_ALL,
+            _pad: 0,
         }
     }
 }
@@ -1377,6 +1402,15 @@ fn part_dispatches(
                 wp.wg_rows = ks1_rows(ctx, part.n_rows, walk);
             }
             let g = grid(v, part.n_rows, wp.wg_rows, max_groups);
+            let walks_rows = matches!(v, Variant::Ks | Variant::KsU) && !kernel.tiled;
+            if walks_rows {
+                let lane_chunks = match kernel.ks1 {
+                    Some(_) => 1,
+                    None => (w.n_cols() as u32 / 32).div_ceil(ctx.subgroup_min_size.max(1)),
+                };
+                wp.tok_win = ks_tok_win(wp.wg_rows, lane_chunks);
+            }
+            let tok_win = wp.tok_win;
             let x = norm.map_or(x, |n| n.x);
             let mut bindings = out.bindings(part, x);
             if let Some(n) = norm {
@@ -1398,7 +1432,18 @@ fn part_dispatches(
                 let grid = move |s: &StepInfo| if on(s) { grid(s) } else { [0, 1, 1] };
                 return dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid);
             }
-            let grid = move |s: &StepInfo| if on(s) { g } else { [0, 1, 1] };
+            let grid = move |s: &StepInfo| match on(s) {
+                true if walks_rows => {
+                    let n = match cols {
+                        Columns::Last => 1,
+                        Columns::All => s.n_tokens.min(toks.0.saturating_add(toks.1)),
+                    };
+                    let n = n.saturating_sub(toks.0).div_ceil(tok_win).max(1);
+                    [g[0], g[1], n]
+                }
+                true => g,
+                false => [0, 1, 1],
+            };
             dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid)
         })
         .collect()
