@@ -89,9 +89,6 @@ fn mul_mat_all_types_awkward_shapes() {
                 // and past the most, 512.
                 (2050, 64, 6),
                 (9001, 32, 1),
-                // Eight chunks per lane on lavapipe's subgroup of 8 (`mul_mat_ks1`'s
-                // most), the last lane's last one past the row: tiles and a tail.
-                (37, 1824, 7),
             ] {
                 check_mul_mat(ctx, ty, rows, cols, toks, Columns::All);
             }
@@ -112,10 +109,6 @@ fn mul_mat_k_quants() {
                 (130, 256, 5),
                 (33, 2048, 2),
                 (65, 768, 9),
-                // Eight chunks per lane (`mul_mat_ks1`'s most at a subgroup of 8) in
-                // tiles and a tail, and nine (`mul_mat_ks`).
-                (70, 2048, 9),
-                (20, 2304, 9),
             ] {
                 check_mul_mat(ctx, ty, rows, cols, toks, Columns::All);
             }

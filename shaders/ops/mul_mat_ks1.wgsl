@@ -1,8 +1,8 @@
 // mul_mat for one token at a time (or four, with TILE), on rows short enough that one
 // subgroup holds all of a row's activations in registers: each of the WG lanes holds
-// SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it for rows of at most 8 * WG
-// chunks; K-quant chunks are dotted one at a time here, though neighbours share
-// words). A workgroup is one subgroup owning ROWS consecutive rows;
+// SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it for rows of at most 6 * WG
+// chunks, and not for Q6_K; K-quant chunks are dotted one at a time here, though
+// neighbours share words). A workgroup is one subgroup owning ROWS consecutive rows;
 // per row, each lane dots its chunks, `subgroupAdd` gives the row's sum, and lane j
 // keeps row i0 + j's so that the lanes store WG rows at once.
 //
@@ -97,8 +97,6 @@ fn row_dot(
     s3: Slot, // @slot 3
     s4: Slot, // @slot 4
     s5: Slot, // @slot 5
-    s6: Slot, // @slot 6
-    s7: Slot, // @slot 7
 ) -> f32 {
     var v = slot_dot(rb, s0);
     v += slot_dot(rb, s1); // @slot 1
@@ -106,8 +104,6 @@ fn row_dot(
     v += slot_dot(rb, s3); // @slot 3
     v += slot_dot(rb, s4); // @slot 4
     v += slot_dot(rb, s5); // @slot 5
-    v += slot_dot(rb, s6); // @slot 6
-    v += slot_dot(rb, s7); // @slot 7
     return v;
 }
 
@@ -119,8 +115,6 @@ fn row_dot4(
     s3: Slot4, // @slot 3
     s4: Slot4, // @slot 4
     s5: Slot4, // @slot 5
-    s6: Slot4, // @slot 6
-    s7: Slot4, // @slot 7
 ) -> vec4<f32> {
     var v = slot4_dot(rb, s0);
     v += slot4_dot(rb, s1); // @slot 1
@@ -128,8 +122,6 @@ fn row_dot4(
     v += slot4_dot(rb, s3); // @slot 3
     v += slot4_dot(rb, s4); // @slot 4
     v += slot4_dot(rb, s5); // @slot 5
-    v += slot4_dot(rb, s6); // @slot 6
-    v += slot4_dot(rb, s7); // @slot 7
     return v;
 }
 
@@ -186,8 +178,6 @@ fn main(
         let s3 = slot4(first, t, 3u, l, n_chunks, inv); // @slot 3
         let s4 = slot4(first, t, 4u, l, n_chunks, inv); // @slot 4
         let s5 = slot4(first, t, 5u, l, n_chunks, inv); // @slot 5
-        let s6 = slot4(first, t, 6u, l, n_chunks, inv); // @slot 6
-        let s7 = slot4(first, t, 7u, l, n_chunks, inv); // @slot 7
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = vec4<f32>();
             for (var j = 0u; j < min(WG, nr - i0); j++) {
@@ -199,8 +189,6 @@ fn main(
                     s3, // @slot 3
                     s4, // @slot 4
                     s5, // @slot 5
-                    s6, // @slot 6
-                    s7, // @slot 7
                 );
                 mine = select(mine, lane_sum4(v), l == j);
             }
@@ -225,8 +213,6 @@ fn main(
         let s3 = slot(first, t, 3u, l, n_chunks, inv); // @slot 3
         let s4 = slot(first, t, 4u, l, n_chunks, inv); // @slot 4
         let s5 = slot(first, t, 5u, l, n_chunks, inv); // @slot 5
-        let s6 = slot(first, t, 6u, l, n_chunks, inv); // @slot 6
-        let s7 = slot(first, t, 7u, l, n_chunks, inv); // @slot 7
         var gate = 0.0;
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = 0.0;
@@ -239,8 +225,6 @@ fn main(
                     s3, // @slot 3
                     s4, // @slot 4
                     s5, // @slot 5
-                    s6, // @slot 6
-                    s7, // @slot 7
                 );
                 mine = select(mine, lane_sum(v), l == j);
             }

@@ -350,10 +350,10 @@ const KS_TILE_MIN: u32 = 5;
 /// (`SLOTS` in mul_mat_ks1.wgsl): the fewest that cover the row, as every lane dots all
 /// its slots on every row (1.2-1.5x on 1024 columns at four slots against six, 1.1-1.8x
 /// on 512 at two against three, docs/perf.md); 0 where the row is longer than
-/// eight chunks per lane.
+/// six chunks per lane.
 fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
     match n_chunks.div_ceil(ctx.subgroup_min_size.max(1) as u64) {
-        s @ 1..=8 => s as u32,
+        s @ 1..=6 => s as u32,
         _ => 0,
     }
 }
@@ -365,17 +365,16 @@ fn ks_paired(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
-/// Whether a `Ks` or `KsU` product on rows of `n_cols` elements runs `mul_mat_ks1`:
-/// rows whose activations the subgroup holds in registers ([`ks1_slots`]). Measured on
-/// lavapipe (docs/perf.md), batch 1: 1.4-2x on long stacks of three-chunk rows, 1.3-1.6x
-/// on 1536 columns with six; Q4_K and Q5_K, one chunk per slot though neighbouring
-/// chunks share words, 1.15-1.7x at 512-1536 columns; Q6_K, whose chunk alone takes six
-/// loads (four in a pair), about even. Batches, where the rows are walked once per tile
-/// of four tokens: Gemma 3's 2048-column `ffn_down` (Q4_K and Q6_K, eight slots)
-/// 1.4-1.5x against `ks`'s tiles of eight, whose private arrays of row sums llvmpipe
-/// indexes lane by lane.
-fn ks1_fits(ctx: &GpuContext, v: Variant, n_cols: u64) -> bool {
-    matches!(v, Variant::Ks | Variant::KsU) && ks1_slots(ctx, n_cols / 32) > 0
+/// Whether single tokens of a `Ks` or `KsU` product on rows of `n_cols` elements of
+/// `ty` run `mul_mat_ks1`: rows whose activations the subgroup holds in registers.
+/// Measured on lavapipe, batch 1 (docs/perf.md): 1.4-2x on long stacks of three-chunk
+/// rows, 1.3-1.6x on 1536 columns with six; Q4_K and Q5_K, one chunk per slot though
+/// neighbouring chunks share words, 1.15-1.7x at 512-1536 columns. Q6_K, whose chunk
+/// alone takes six loads (four in a pair), gained nothing there and keeps `ks`.
+fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
+    matches!(v, Variant::Ks | Variant::KsU)
+        && ty != GgmlType::Q6_K
+        && ks1_slots(ctx, n_cols / 32) > 0
 }
 
 /// Whether batches of a `Ks` product of `ty` that [`ks1_fits`] run `mul_mat_ks1i`,
@@ -712,7 +711,7 @@ fn kernels_compiled(
     (cols, normed): (Columns, bool),
     ones: Compile,
 ) -> Result<Vec<Kernel>> {
-    if !ks1_fits(ctx, v, n_cols) {
+    if !ks1_fits(ctx, v, ty, n_cols) {
         if normed {
             return Err(Error::Unsupported(format!(
                 "a norm folded into a {} {ty} product of {n_cols} columns",
@@ -1174,7 +1173,7 @@ pub fn folds_norm(
         && n_cols * 4 <= VECTOR_UNIFORM_BYTES
         && n_rows <= FOLD_MAX_ROWS
         && matches!(v, Ok(Variant::Ks))
-        && ks1_fits(ctx, Variant::Ks, n_cols)
+        && ks1_fits(ctx, Variant::Ks, ty, n_cols)
 }
 
 /// The most rows of a product that folds the norm before it ([`folds_norm`]).
@@ -1694,7 +1693,7 @@ pub fn quantizes_batches(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Colu
         return false;
     };
     let v = for_product(ctx, v, (w.n_rows(), n_cols), cols);
-    cols == Columns::All && v == Variant::Ks && ks1_fits(ctx, v, n_cols) && ks1_int(ty)
+    cols == Columns::All && v == Variant::Ks && ks1_fits(ctx, v, ty, n_cols) && ks1_int(ty)
 }
 
 /// [`quantizes_batches`] for the variant [`gpu`] runs.
