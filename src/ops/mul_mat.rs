@@ -214,9 +214,9 @@ enum Ks1Walk {
 /// the norm into, and for `mul_mat_ks1i` quantizes) the activations of its slots, for
 /// every token it walks: work that more rows per workgroup share. Measured on lavapipe
 /// (docs/perf.md):
-/// - a batch's tiles walk all their tokens through every workgroup, so batches run one
-///   workgroup per core: pp512 2.5-2.7x (SmolLM2) and 2.15-2.2x (Gemma 3) against 64
-///   rows;
+/// - a batch's tiles walk their tokens (a window of them, [`ks_tok_win`]) through
+///   every workgroup, so batches run one workgroup per core across the rows: pp512
+///   1.25x (SmolLM2) and 1.2x (Gemma 3) against 64 rows;
 /// - a single token's product is short (0.1-0.3 ms), and a thread that wakes late
 ///   should still find work: about [`KS1_GROUPS`] workgroups of [`KS_ROWS`] to
 ///   [`KS1_MAX_ROWS`] rows. Gemma 3's Q8_0 head 11% and its gate/up 9% faster than at
