@@ -879,7 +879,7 @@ fn readback_waits_spinning_or_blocking() {
 /// the tokens into windows along z (`mul_mat::ks_tok_win`). Without them, each of these
 /// left tokens unwritten on lavapipe: `mul_mat_ks1` in 320-row workgroups from token
 /// 144, `mul_mat_ks1i` in tiles of eight, `mul_mat_ks` on 4096 columns, and 64-row
-/// workgroups from token 1372.
+/// workgroups from token 1372; and an 8B model's 14336-column `ffn_down` rows.
 #[test]
 fn mul_mat_long_batches() {
     for ctx in contexts() {
@@ -889,6 +889,7 @@ fn mul_mat_long_batches() {
             (GgmlType::Q5_0, 640, 4096, 512),
             (GgmlType::Q4_K, 640, 2048, 515),
             (GgmlType::Q8_0, 64, 64, 2048),
+            (GgmlType::Q4_K, 64, 14336, 512),
         ] {
             check_mul_mat(ctx, ty, rows, cols, toks, Columns::All);
         }
