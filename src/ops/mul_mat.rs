@@ -248,9 +248,9 @@ const KS_WALK_TRIPS: u32 = 64 * 512;
 /// whole tiles of four and of eight. llvmpipe ends a loop nest after a fixed number of
 /// trips (its loop limiter) without a trace: measured on lavapipe, `mul_mat_ks1`
 /// workgroups stopped storing after about 22,000-23,600 rows of tiles of four tokens
-/// (640 rows per workgroup at 300 tokens, 64 rows at 1400), and `mul_mat_ks` at 512
-/// tokens of 4096 columns in 64 rows. [`KS_WALK_TRIPS`] keeps 2.7x below the first
-/// and further below the second.
+/// (640 rows per workgroup from token 144, 64 rows from token 1372), and `mul_mat_ks`
+/// failed at 512 tokens of 4096 columns in 64 rows. [`KS_WALK_TRIPS`] keeps 2.7x below
+/// the first and further below the second.
 fn ks_tok_win(wg_rows: u32, lane_chunks: u32) -> u32 {
     let per_token = wg_rows.max(1).saturating_mul(lane_chunks.max(1));
     (KS_WALK_TRIPS / per_token / 8 * 8).max(8)
