@@ -392,3 +392,45 @@ fn long_prompts_agree_with_the_cpu() {
         assert!(rms < 0.5, "{file}: logits differ by {rms} rms");
     }
 }
+
+/// Every token's logits of a 512-token step (what `perplexity` reads) on the device
+/// agree with the CPU's: the output head runs over all of the batch's tokens there, in
+/// workgroups of thousands of rows on CPU-hosted drivers.
+#[test]
+fn every_tokens_logits_of_a_long_step_agree_with_the_cpu() {
+    common::contexts();
+    let m = open(SMOL.0);
+    let prompt = long_prompt(&m, SMOL.1, 512);
+    let all = |gpu_layers| {
+        let opts = EngineOptions {
+            n_ctx: 512,
+            n_batch: 512,
+            gpu_layers,
+            threads: 0,
+            ..Default::default()
+        };
+        let mut e = load_engine(m.file.clone(), &m.cfg, &opts).expect("load engine");
+        e.step(&prompt, 0, Logits::All).expect("step")
+    };
+    let (gpu, cpu) = (all(None), all(Some(0)));
+    let n_vocab = m.cfg.n_vocab as usize;
+    assert_eq!(gpu.len(), 512 * n_vocab);
+    let rows = gpu.chunks_exact(n_vocab).zip(cpu.chunks_exact(n_vocab));
+    let same_top = rows.clone().filter(|(g, c)| argmax(g) == argmax(c)).count();
+    let worst = rows
+        .map(|(g, c)| {
+            g.iter()
+                .zip(c)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max)
+        })
+        .fold(0f32, f32::max);
+    eprintln!(
+        "512 tokens' logits: top token the same for {same_top}, largest difference {worst:.4}"
+    );
+    assert!(
+        same_top >= 500,
+        "top token the same for only {same_top} of 512"
+    );
+    assert!(worst < 2.0, "a logit differs by {worst}");
+}

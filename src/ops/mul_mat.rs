@@ -228,7 +228,11 @@ fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
     }
     let step = 2 * ctx.subgroup_min_size.clamp(1, KS_ROWS / 2);
     let rows = match walk {
-        Ks1Walk::Tiles => n_rows.div_ceil(crate::gpu::context::host_cores()),
+        // Few enough that a window of the fewest tokens stays within the trip budget
+        // ([`ks_tok_win`]).
+        Ks1Walk::Tiles => n_rows
+            .div_ceil(crate::gpu::context::host_cores())
+            .min(KS_WALK_TRIPS / KS_TOK_WIN_MIN / step * step),
         Ks1Walk::Tokens => n_rows.div_ceil(KS1_GROUPS).min(KS1_MAX_ROWS),
     };
     rows.next_multiple_of(step).max(KS_ROWS)
@@ -251,10 +255,18 @@ const KS_WALK_TRIPS: u32 = 64 * 512;
 /// (640 rows per workgroup from token 144, 64 rows from token 1372), and `mul_mat_ks`
 /// failed at 512 tokens of 4096 columns in 64 rows. [`KS_WALK_TRIPS`] keeps 2.7x below
 /// the first and further below the second.
+///
+/// A window is at least [`KS_TOK_WIN_MIN`] tokens, so [`ks1_rows`] caps a batch's rows
+/// per workgroup to keep that window within the budget (a model's output head over
+/// every token of a 512-token batch, as `perplexity` runs it, had 24,576 rows per
+/// workgroup).
 fn ks_tok_win(wg_rows: u32, lane_chunks: u32) -> u32 {
     let per_token = wg_rows.max(1).saturating_mul(lane_chunks.max(1));
-    (KS_WALK_TRIPS / per_token / 8 * 8).max(8)
+    (KS_WALK_TRIPS / per_token / KS_TOK_WIN_MIN * KS_TOK_WIN_MIN).max(KS_TOK_WIN_MIN)
 }
+
+/// The fewest tokens of a window: a tile of eight.
+const KS_TOK_WIN_MIN: u32 = 8;
 
 /// Rows per workgroup of `Mr` (`ROWS` in mul_mat_mr.wgsl).
 const MR_ROWS: u32 = 4;
