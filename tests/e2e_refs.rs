@@ -342,16 +342,21 @@ fn long_prompt(m: &Model, refname: &str, n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The last token's logits after `prompt`, fed in steps of 512 tokens.
-fn long_prompt_logits(m: &Model, prompt: &[u32], gpu_layers: Option<u32>) -> Vec<f32> {
+/// An engine of `n_ctx` tokens that takes steps of up to 512.
+fn long_engine(m: &Model, n_ctx: u32, gpu_layers: Option<u32>) -> Box<dyn wgllm::session::Engine> {
     let opts = EngineOptions {
-        n_ctx: 1024,
+        n_ctx,
         n_batch: 512,
         gpu_layers,
         threads: 0,
         ..Default::default()
     };
-    let mut e = load_engine(m.file.clone(), &m.cfg, &opts).expect("load engine");
+    load_engine(m.file.clone(), &m.cfg, &opts).expect("load engine")
+}
+
+/// The last token's logits after `prompt`, fed in steps of 512 tokens.
+fn long_prompt_logits(m: &Model, prompt: &[u32], gpu_layers: Option<u32>) -> Vec<f32> {
+    let mut e = long_engine(m, 1024, gpu_layers);
     let mut logits = Vec::new();
     for (i, batch) in prompt.chunks(512).enumerate() {
         logits = e.step(batch, (i * 512) as u32, Logits::Last).expect("step");
@@ -402,14 +407,7 @@ fn every_tokens_logits_of_a_long_step_agree_with_the_cpu() {
     let m = open(SMOL.0);
     let prompt = long_prompt(&m, SMOL.1, 512);
     let all = |gpu_layers| {
-        let opts = EngineOptions {
-            n_ctx: 512,
-            n_batch: 512,
-            gpu_layers,
-            threads: 0,
-            ..Default::default()
-        };
-        let mut e = load_engine(m.file.clone(), &m.cfg, &opts).expect("load engine");
+        let mut e = long_engine(&m, 512, gpu_layers);
         e.step(&prompt, 0, Logits::All).expect("step")
     };
     let (gpu, cpu) = (all(None), all(Some(0)));
