@@ -342,11 +342,14 @@ fn long_prompt(m: &Model, refname: &str, n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// An engine of `n_ctx` tokens that takes steps of up to 512.
+/// Tokens per step of the long-prompt tests: the engines' default batch.
+const LONG_STEP: usize = 512;
+
+/// An engine of `n_ctx` tokens that takes steps of up to [`LONG_STEP`].
 fn long_engine(m: &Model, n_ctx: u32, gpu_layers: Option<u32>) -> Box<dyn wgllm::session::Engine> {
     let opts = EngineOptions {
         n_ctx,
-        n_batch: 512,
+        n_batch: LONG_STEP as u32,
         gpu_layers,
         threads: 0,
         ..Default::default()
@@ -354,12 +357,13 @@ fn long_engine(m: &Model, n_ctx: u32, gpu_layers: Option<u32>) -> Box<dyn wgllm:
     load_engine(m.file.clone(), &m.cfg, &opts).expect("load engine")
 }
 
-/// The last token's logits after `prompt`, fed in steps of 512 tokens.
+/// The last token's logits after `prompt`, fed in steps of [`LONG_STEP`] tokens.
 fn long_prompt_logits(m: &Model, prompt: &[u32], gpu_layers: Option<u32>) -> Vec<f32> {
     let mut e = long_engine(m, 1024, gpu_layers);
     let mut logits = Vec::new();
-    for (i, batch) in prompt.chunks(512).enumerate() {
-        logits = e.step(batch, (i * 512) as u32, Logits::Last).expect("step");
+    for (i, batch) in prompt.chunks(LONG_STEP).enumerate() {
+        let pos = (i * LONG_STEP) as u32;
+        logits = e.step(batch, pos, Logits::Last).expect("step");
     }
     logits
 }

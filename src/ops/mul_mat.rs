@@ -242,6 +242,9 @@ fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
 /// tokens: all of them.
 const KS_TOK_WIN_ALL: u32 = 1 << 24;
 
+/// The fewest tokens of a window ([`ks_tok_win`]): a tile of eight.
+const KS_TOK_WIN_MIN: u32 = 8;
+
 /// The most loop trips, in rows times tokens times chunks per lane, that one workgroup
 /// of the `Ks` family walks ([`ks_tok_win`]): 64 rows of a 512-token batch.
 const KS_WALK_TRIPS: u32 = 64 * 512;
@@ -264,9 +267,6 @@ fn ks_tok_win(wg_rows: u32, lane_chunks: u32) -> u32 {
     let per_token = wg_rows.max(1).saturating_mul(lane_chunks.max(1));
     (KS_WALK_TRIPS / per_token / KS_TOK_WIN_MIN * KS_TOK_WIN_MIN).max(KS_TOK_WIN_MIN)
 }
-
-/// The fewest tokens of a window: a tile of eight.
-const KS_TOK_WIN_MIN: u32 = 8;
 
 /// Rows per workgroup of `Mr` (`ROWS` in mul_mat_mr.wgsl).
 const MR_ROWS: u32 = 4;
@@ -1444,13 +1444,13 @@ fn part_dispatches(
                 return dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid);
             }
             let grid = move |s: &StepInfo| match on(s) {
+                // One workgroup along z per window of the step's output tokens.
                 true if walks_rows => {
                     let n = match cols {
                         Columns::Last => 1,
-                        Columns::All => s.n_tokens.min(toks.0.saturating_add(toks.1)),
+                        Columns::All => tokens_in(s, toks),
                     };
-                    let n = n.saturating_sub(toks.0).div_ceil(tok_win).max(1);
-                    [g[0], g[1], n]
+                    [g[0], g[1], n.div_ceil(tok_win).max(1)]
                 }
                 true => g,
                 false => [0, 1, 1],
@@ -1603,10 +1603,14 @@ fn mm_grid(
             "{name}: {n_rows} rows in one binding, more than the tiled product's grid holds"
         )));
     }
-    Ok(move |s: &StepInfo| {
-        let end = s.n_tokens.min(tok0.saturating_add(tok_n));
-        [gx, end.saturating_sub(tok0).div_ceil(MM_TOKENS), 1]
-    })
+    Ok(move |s: &StepInfo| [gx, tokens_in(s, (tok0, tok_n)).div_ceil(MM_TOKENS), 1])
+}
+
+/// How many of output tokens `tok0 .. tok0 + tok_n` step `s` has.
+fn tokens_in(s: &StepInfo, (tok0, tok_n): (u32, u32)) -> u32 {
+    s.n_tokens
+        .min(tok0.saturating_add(tok_n))
+        .saturating_sub(tok0)
 }
 
 /// `WinU`, `KsU`: per load of the uniform buffer, a copy of the next `per_xu` output
