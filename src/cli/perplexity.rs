@@ -94,10 +94,12 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         if let Some(b) = bos {
             chunk[0] = b;
         }
-        let logits = m.session.all_logits(&chunk, 0)?;
+        // Row j - first holds the logits after token j, which score token j + 1.
+        let logits = m.session.scored_logits(&chunk, 0, first)?;
         for j in first..n_ctx - 1 {
+            let at = j - first;
             nll.add(
-                &logits[j * n_vocab..(j + 1) * n_vocab],
+                &logits[at * n_vocab..(at + 1) * n_vocab],
                 tokens[i * n_ctx + j + 1],
             );
         }
