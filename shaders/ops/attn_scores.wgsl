@@ -31,10 +31,11 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(4) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(4) var<storage, read_write> scores: array<vec4<f32>>;
 
 override WG: u32 = 64u;
-// Keys per tile; TT, the tokens per tile, comes before this file (gpu::shaders).
+// Keys per tile, one vec4 of a row of scores; TT, the tokens per tile, comes before
+// this file (gpu::shaders).
 const TK: u32 = 4u;
 
 @compute @workgroup_size(WG)
@@ -64,43 +65,43 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var k = 0u; k < TK; k++) {
         kb[k] = (min(j0 + k, step.n_kv - 1u) * p.n_head_kv + hkv) * d4;
     }
-    // acc[key][row]
-    var acc: array<array<f32, TT>, TK>;
-    {
-        for (var i = 0u; i + 1u < d4; i += 2u) {
-            var qv: array<array<vec4<f32>, 2>, TT>;
-            for (var k = 0u; k < TT; k++) {
-                qv[k] = q8(qb[k] + i);
-            }
-            for (var kk = 0u; kk < TK; kk++) {
-                let kf = k8(kb[kk] + i);
-                for (var k = 0u; k < TT; k++) {
-                    acc[kk][k] += dot(qv[k][0], kf[0]) + dot(qv[k][1], kf[1]);
-                }
-            }
-        }
-        if ((d4 & 1u) != 0u) {
-            let i = d4 - 1u;
-            for (var kk = 0u; kk < TK; kk++) {
-                let kf = k4(kb[kk] + i);
-                for (var k = 0u; k < TT; k++) {
-                    acc[kk][k] += dot(q4(qb[k] + i), kf);
-                }
-            }
+    // acc[row]: the row's dot products with the tile's four keys, one per component,
+    // so that each row's scores leave as one vec4 store (a storage store is a loop
+    // over the lanes on CPU-hosted drivers).
+    var acc: array<vec4<f32>, TT>;
+    for (var i = 0u; i + 1u < d4; i += 2u) {
+        let k0 = k8(kb[0] + i);
+        let k1 = k8(kb[1] + i);
+        let k2 = k8(kb[2] + i);
+        let k3 = k8(kb[3] + i);
+        for (var k = 0u; k < TT; k++) {
+            let q = q8(qb[k] + i);
+            acc[k] += vec4<f32>(
+                dot(q[0], k0[0]) + dot(q[1], k0[1]),
+                dot(q[0], k1[0]) + dot(q[1], k1[1]),
+                dot(q[0], k2[0]) + dot(q[1], k2[1]),
+                dot(q[0], k3[0]) + dot(q[1], k3[1]),
+            );
         }
     }
+    if ((d4 & 1u) != 0u) {
+        let i = d4 - 1u;
+        let kf = mat4x4<f32>(k4(kb[0] + i), k4(kb[1] + i), k4(kb[2] + i), k4(kb[3] + i));
+        for (var k = 0u; k < TT; k++) {
+            acc[k] += q4(qb[k] + i) * kf;
+        }
+    }
+    // The tile's keys are a whole vec4 of the row (j0 is a multiple of 4, and the row's
+    // stride of 8 covers n_kv).
     let stride = probs_stride();
+    let j = vec4<u32>(j0, j0 + 1u, j0 + 2u, j0 + 3u);
     for (var k = 0u; k < TT; k++) {
         let t = p.t0 + r0 + k;
         if (t < t_end) {
             let qpos = step.pos + t;
             let row = (h * p.tn + r0 + k) * stride;
-            for (var kk = 0u; kk < TK; kk++) {
-                let j = j0 + kk;
-                if (j < stride) {
-                    scores[row + j] = select(acc[kk][k] * p.scale, -1.0e30, masked(j, qpos));
-                }
-            }
+            let m = vec4<bool>(masked(j.x, qpos), masked(j.y, qpos), masked(j.z, qpos), masked(j.w, qpos));
+            scores[(row + j0) / 4u] = select(acc[k] * p.scale, vec4<f32>(-1.0e30), m);
         }
     }
 }
