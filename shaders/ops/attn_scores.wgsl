@@ -7,7 +7,7 @@
 // the whole tile (CPU-hosted drivers pay per load, per lane). A tile whose keys all lie
 // after its tokens' positions or before their sliding windows writes nothing: the
 // softmax reads only the keys a token sees and writes zeros over the rest of its row.
-// TT is 1 for single-token steps (a tile of several tokens would be wasted there) and 4
+// TT is 1 for single-token steps (a tile of several tokens would be wasted there) and 8
 // for batches.
 //
 // Q and K come through `q4`/`q8` and `k4`/`k8` (common/attn_qk_buffer.wgsl, or

@@ -44,7 +44,6 @@ const DOT64_GENERIC: &str = wgsl!("common/quant/dot64_generic.wgsl");
 /// Tokens per tile of the attention kernels: one for single-token steps, four for
 /// batches (a private array's size must be a constant, not an override).
 const TT1: &str = "const TT: u32 = 1u;";
-const TT4: &str = "const TT: u32 = 4u;";
 const TT8: &str = "const TT: u32 = 8u;";
 
 /// Kernels that are the same for every weight type: (name, helpers, body).
@@ -78,13 +77,13 @@ const OPS: &[(&str, &[&str], &str)] = &[
         wgsl!("ops/attn_scores.wgsl"),
     ),
     (
-        "attn_scores_t4",
-        &[STEP, TT4, ATTN_MASK, ATTN_QK_BUFFER],
+        "attn_scores_t8",
+        &[STEP, TT8, ATTN_MASK, ATTN_QK_BUFFER],
         wgsl!("ops/attn_scores.wgsl"),
     ),
     (
-        "attn_scores_t4_tex",
-        &[STEP, TT4, ATTN_MASK, SCRATCH_TEXEL, ATTN_QK_TEXTURE],
+        "attn_scores_t8_tex",
+        &[STEP, TT8, ATTN_MASK, SCRATCH_TEXEL, ATTN_QK_TEXTURE],
         wgsl!("ops/attn_scores.wgsl"),
     ),
     ("softmax", &[STEP, REDUCE], wgsl!("ops/softmax.wgsl")),

@@ -17,9 +17,9 @@ use textures::Tex;
 pub use textures::{AttnTextures, CacheTextures, LayerTextures};
 
 /// Keys per invocation of `attn_scores` (`TK`) and tokens per invocation of the batch
-/// kernels `attn_scores_t4` and `attn_out_t4` (`TT`).
+/// kernels `attn_scores_t8` and `attn_out_t8` (`TT`).
 const TILE_KEYS: u32 = 4;
-const TILE_TOKENS: u32 = 4;
+const TILE_TOKENS: u32 = 8;
 const OUT_TILE_TOKENS: u32 = 8;
 
 /// The attention kernels a model's steps dispatch (`Attention::gpu`) besides
@@ -27,8 +27,8 @@ const OUT_TILE_TOKENS: u32 = 8;
 /// `attn_decode` does not run single tokens), and the batch kernels that read storage
 /// buffers or, where [`AttnTextures`] are made, textures.
 const SINGLE_KERNELS: [&str; 2] = ["attn_scores", "attn_out"];
-const BATCH_KERNELS: [&str; 2] = ["attn_scores_t4", "attn_out_t8"];
-const BATCH_TEXTURE_KERNELS: [&str; 2] = ["attn_scores_t4_tex", "attn_out_t8_tex"];
+const BATCH_KERNELS: [&str; 2] = ["attn_scores_t8", "attn_out_t8"];
+const BATCH_TEXTURE_KERNELS: [&str; 2] = ["attn_scores_t8_tex", "attn_out_t8_tex"];
 
 /// The bindings of the scores and weighted-sum kernels: the step, their parameters,
 /// their two operands (storage buffers, or textures for the `_tex` builds) and their
@@ -451,7 +451,7 @@ impl Attention {
     ) -> Result<Dispatch> {
         let d = tex_dispatch(
             ctx,
-            "attn_scores_t4_tex",
+            "attn_scores_t8_tex",
             step,
             sp,
             [tex.q, tex.k],
@@ -650,7 +650,7 @@ impl Attention {
                 let g = grid(TILE_TOKENS, batch);
                 self.scores_from_textures(ctx, step, bufs, (&sp, c), t, g)?
             }
-            None => scores("attn_scores_t4", TILE_TOKENS, batch)?,
+            None => scores("attn_scores_t8", TILE_TOKENS, batch)?,
         };
         let softmax = dispatch(
             ctx,
