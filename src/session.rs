@@ -289,11 +289,11 @@ mod tests {
     /// The steps an engine was asked for: their sizes and what logits they returned.
     type StepLog = Arc<Mutex<Vec<(usize, Logits)>>>;
 
-    /// An engine that records the size of every step, for which a step of
+    /// An engine that records every step's size and logits, for which a step of
     /// `batch_compiles` tokens or more would compile kernels.
     struct Steps {
         cfg: Config,
-        sizes: StepLog,
+        steps: StepLog,
         batch_compiles: u32,
     }
 
@@ -309,7 +309,7 @@ mod tests {
         }
         /// Logits of a fake vocabulary of one: each token's position.
         fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
-            self.sizes.lock().unwrap().push((tokens.len(), mode));
+            self.steps.lock().unwrap().push((tokens.len(), mode));
             let n = tokens.len() as u32;
             Ok(match mode {
                 Logits::Last => vec![(pos + n - 1) as f32],
@@ -330,22 +330,22 @@ mod tests {
         for (k, v) in SynthSpec::new(LlamaShape::TINY, SynthQuant::Q4_0).metadata() {
             md.insert(k, v);
         }
-        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let steps = Arc::new(Mutex::new(Vec::new()));
         let engine = Steps {
             cfg: Config::from_metadata(&md).unwrap(),
-            sizes: sizes.clone(),
+            steps: steps.clone(),
             batch_compiles,
         };
-        (Session::new(Box::new(engine), 16), sizes)
+        (Session::new(Box::new(engine), 16), steps)
     }
 
     /// The step sizes a prompt of `prompt` tokens is fed in.
     fn fed(prompt: usize, batch_compiles: u32) -> Vec<usize> {
-        let (mut s, sizes) = session(batch_compiles);
+        let (mut s, steps) = session(batch_compiles);
         let tokens: Vec<u32> = (0..prompt as u32).collect();
         s.feed(&tokens).unwrap();
         assert_eq!(s.n_past() as usize, prompt);
-        let sizes = sizes.lock().unwrap().iter().map(|&(n, _)| n).collect();
+        let sizes = steps.lock().unwrap().iter().map(|&(n, _)| n).collect();
         sizes
     }
 
@@ -353,16 +353,16 @@ mod tests {
     /// one token's logits, and every token from `from` on has its own, in order.
     #[test]
     fn scored_logits_run_the_head_for_the_scored_tokens() {
-        let (mut s, sizes) = session(u32::MAX);
+        let (mut s, log) = session(u32::MAX);
         let tokens: Vec<u32> = (0..40).collect();
         s.feed(&tokens[..5]).unwrap();
-        sizes.lock().unwrap().clear();
+        log.lock().unwrap().clear();
         // From position 3, after dropping the cache past it.
         let got = s.scored_logits(&tokens, 3, 20).unwrap();
         let want: Vec<f32> = (23..43).map(|p| p as f32).collect();
         assert_eq!(got, want);
         assert_eq!(s.n_past(), 43);
-        let steps = sizes.lock().unwrap().clone();
+        let steps = log.lock().unwrap().clone();
         use Logits::{All, Last};
         assert_eq!(steps, [(16, Last), (4, Last), (16, All), (4, All)]);
         // All of them, and none.

@@ -21,18 +21,6 @@ use wgllm::sampling::{argmax, Sampler, SamplingParams};
 use wgllm::session::Session;
 use wgllm::tokenizer::Tokenizer;
 
-fn model_path(file: &str) -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(file);
-    assert!(
-        p.exists(),
-        "{} is missing: run tools/fetch-models",
-        p.display()
-    );
-    p
-}
-
 fn refs(name: &str) -> Value {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures/refs")
@@ -55,7 +43,7 @@ struct Model {
 }
 
 fn open(name: &str) -> Model {
-    let file = Arc::new(GgufFile::open(model_path(name)).expect("open"));
+    let file = Arc::new(GgufFile::open(common::model_path(name)).expect("open"));
     let cfg = Config::from_metadata(file.metadata()).expect("config");
     let tok = Tokenizer::from_gguf(file.metadata()).expect("tokenizer");
     Model { file, cfg, tok }

@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 const TEXT: &str = "/usr/share/common-licenses/GPL-3";
@@ -24,14 +23,7 @@ const LLAMA_CPP: [(&str, f64); 2] = [
 
 /// The final estimate of `wgllm perplexity` on `model` with `device_args`.
 fn perplexity(model: &str, device_args: &[&str]) -> f64 {
-    let m = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models")
-        .join(model);
-    assert!(
-        m.exists(),
-        "{} is missing: run tools/fetch-models",
-        m.display()
-    );
+    let m = common::model_path(model);
     assert!(
         std::path::Path::new(TEXT).exists(),
         "{TEXT} is missing (Debian's base-files package installs it)"

@@ -188,6 +188,20 @@ pub fn mul_mat_want(
     want
 }
 
+/// A real model under `models/`, which must be there (`tools/fetch-models` puts it
+/// there).
+pub fn model_path(file: &str) -> std::path::PathBuf {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models")
+        .join(file);
+    assert!(
+        p.exists(),
+        "{} is missing: run tools/fetch-models",
+        p.display()
+    );
+    p
+}
+
 /// Gives a child process a runtime folder where the environment has none: the Vulkan
 /// loader's Wayland probe prints its own "error:" lines when XDG_RUNTIME_DIR is unset.
 pub fn with_runtime_dir(cmd: &mut std::process::Command) {
