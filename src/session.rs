@@ -169,6 +169,12 @@ impl Session {
         self.greedy_next = None;
     }
 
+    /// Tokens per step for steps that return `mode`'s logits: the session's batch, as
+    /// far as the engine takes it.
+    fn batch(&self, mode: Logits) -> usize {
+        self.n_batch.min(self.engine.max_batch(mode)).max(1) as usize
+    }
+
     fn check_room(&self, n: usize) -> Result<()> {
         let need = self.history.len() + n;
         if need > self.n_ctx() as usize {
@@ -190,7 +196,7 @@ impl Session {
         }
         self.check_room(tokens.len())?;
         let t0 = Instant::now();
-        let mut batch = self.n_batch.min(self.engine.max_batch(Logits::Last)).max(1) as usize;
+        let mut batch = self.batch(Logits::Last);
         let n = tokens.len().min(batch) as u32;
         if tokens.len() <= SHORT_PROMPT && self.engine.compiles_for(n, self.n_past()) {
             batch = 1;
@@ -263,12 +269,12 @@ impl Session {
         self.truncate(pos);
         self.check_room(tokens.len())?;
         let (unread, tokens) = tokens.split_at(from);
-        let batch = self.n_batch.min(self.engine.max_batch(Logits::Last)).max(1) as usize;
+        let batch = self.batch(Logits::Last);
         for chunk in unread.chunks(batch) {
             self.engine.step(chunk, self.n_past(), Logits::Last)?;
             self.history.extend_from_slice(chunk);
         }
-        let batch = self.n_batch.min(self.engine.max_batch(Logits::All)).max(1) as usize;
+        let batch = self.batch(Logits::All);
         let mut out = Vec::with_capacity(tokens.len() * self.engine.config().n_vocab as usize);
         for chunk in tokens.chunks(batch) {
             let l = self.engine.step(chunk, self.n_past(), Logits::All)?;
