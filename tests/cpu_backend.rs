@@ -367,15 +367,18 @@ fn glu_and_add_match_reference() {
 fn attention_matches_reference() {
     let mut rng = Rng::new(13);
     let pool = Pool::new(2);
-    let n_ctx = 90usize;
+    let n_ctx = 640usize;
     // Head sizes with and without 16- and 8-wide tails; groups of 1, 3, 4 and 16 heads
     // (items of several tokens, of one, and of part of a group); windows shorter than a
-    // batch.
+    // batch, and one longer than a block of keys. The context spans several key blocks
+    // (32 to 256 keys), so the running softmax rescales its sums, and the last single
+    // tokens see enough keys to split them between items.
     let shapes = [
         (16usize, 4u32, 4u32, 0u32),
         (64, 9, 3, 0),
         (20, 4, 2, 5),
-        (36, 4, 1, 0),
+        (256, 4, 1, 0),
+        (36, 4, 1, 300),
         (8, 16, 1, 7),
         (3, 2, 2, 0),
     ];
@@ -390,12 +393,12 @@ fn attention_matches_reference() {
         };
         let kv_dim = hd * n_head_kv as usize;
         let mut cache = cattn::KvCache::new(kv_dim, n_ctx).unwrap();
-        let scratch = cattn::AttnScratch::new(pool.n_threads(), n_ctx);
+        let scratch = cattn::AttnScratch::new(pool.n_threads());
         // GPU layouts for the reference: k [kv_dim, n_ctx], v transposed [n_ctx, kv_dim].
         let mut k_ref = vec![0.0; kv_dim * n_ctx];
         let mut v_ref = vec![0.0; kv_dim * n_ctx];
         let mut pos = 0;
-        for n_tokens in [1usize, 6, 1, 9, 37, 1, 2] {
+        for n_tokens in [1usize, 6, 1, 9, 37, 1, 2, 270, 1, 300, 1, 2, 1] {
             let k = rng.vec(kv_dim * n_tokens, 1.0);
             let v = rng.vec(kv_dim * n_tokens, 1.0);
             let q = rng.vec(hd * n_head as usize * n_tokens, 2.0);

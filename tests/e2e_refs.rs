@@ -381,12 +381,16 @@ fn long_prompts_agree_with_the_cpu() {
         let top10 = order[..10].iter().map(|&i| (gpu[i] - cpu[i]).abs());
         let max_diff = top10.fold(0f32, f32::max);
         eprintln!("{file}: 700 tokens, GPU top-10 logits within {max_diff:.4} of the CPU's, rms {rms:.4} over all");
+        // The bounds leave room for rounding: two CPU attentions, each within 1e-5 of
+        // the reference at every layer, end 0.30 rms apart on Gemma 3 here (the 8-bit
+        // activations round some values the other way), and the device's f16 caches
+        // round more. Kernels that stopped short put SmolLM2 7.2 rms and 25 off.
         assert_eq!(argmax(&gpu), argmax(&cpu), "{file}: top-1 token");
         assert!(
-            max_diff < 0.8,
+            max_diff < 1.5,
             "{file}: top-10 logits differ by up to {max_diff}"
         );
-        assert!(rms < 0.5, "{file}: logits differ by {rms} rms");
+        assert!(rms < 1.0, "{file}: logits differ by {rms} rms");
     }
 }
 

@@ -5,11 +5,15 @@
 //! contiguous rows.
 //!
 //! Work is cut into items of up to [`MAX_ROWS`] query rows that share a KV head: the
-//! heads of one GQA group times a few consecutive tokens. Each key and value row loaded
-//! then serves every row of the item, and the products are formed in register tiles
-//! (4 rows x 2 keys for the scores, 4 rows x 16 dimensions for the weighted sum), which
-//! cuts the loads per multiply-add from two to under one. Items are handed out one at a
-//! time, longest (latest tokens) first, so causal masking does not leave a thread idle.
+//! heads of one GQA group times a few consecutive tokens. An item walks its keys in
+//! blocks small enough to stay in cache ([`key_block`]), keeping a running softmax per
+//! row (its maximum so far and its sum of weights, earlier sums rescaled when the
+//! maximum rises), so each key and value row is read from memory once per item and
+//! then serves every row of it, whatever the context's length. Within a block the
+//! products are formed in register tiles (4 rows x 2 keys for the scores, 4 rows x 16
+//! dimensions for the weighted sum), which cuts the loads per multiply-add from two to
+//! under one. Items are handed out one at a time, longest (latest tokens) first, so
+//! causal masking does not leave a thread idle.
 
 use std::sync::Mutex;
 
@@ -18,13 +22,20 @@ use super::pool::{Pool, SharedMut};
 use crate::ops::attention::Attention;
 use crate::{Error, Result};
 
-/// The most query rows one work item holds (its scores are `MAX_ROWS` rows of scratch).
-const MAX_ROWS: usize = 8;
+/// The most query rows one work item holds: each block of keys and values loaded
+/// serves all of them.
+const MAX_ROWS: usize = 32;
 
-/// One layer's keys and values: [kv_dim, n_ctx] each, position-major.
+/// Keys per panel of the key cache.
+const PANEL: usize = 8;
+
+/// One layer's keys and values. Values are position-major ([kv_dim, n_ctx] in ggml
+/// order: position p's row at `p * kv_dim`). Keys are in panels of [`PANEL`]
+/// positions, each panel [PANEL, kv_dim]: component i of the panel's keys sits in eight
+/// consecutive floats, so the scores take one vector load per component for eight keys.
 pub struct KvCache {
-    pub k: Vec<f32>,
-    pub v: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
     pub kv_dim: usize,
     pub n_ctx: usize,
 }
@@ -32,7 +43,7 @@ pub struct KvCache {
 impl KvCache {
     pub fn new(kv_dim: usize, n_ctx: usize) -> Result<KvCache> {
         let n = kv_dim
-            .checked_mul(n_ctx)
+            .checked_mul(n_ctx.next_multiple_of(PANEL))
             .ok_or_else(|| Error::invalid("KV cache size overflows"))?;
         // A context too large for memory is an error, not an abort. The zeroed pages come
         // from the allocator lazily, so a large cache costs nothing until it is used.
@@ -55,33 +66,46 @@ impl KvCache {
 
     /// Stores k, v ([kv_dim, n_tokens]) at positions pos, pos + 1, ...
     pub fn store(&mut self, k: &[f32], v: &[f32], pos: usize, n_tokens: usize) -> Result<()> {
-        let n = n_tokens * self.kv_dim;
-        let at = pos * self.kv_dim;
+        let kd = self.kv_dim;
+        let n = n_tokens * kd;
         if pos + n_tokens > self.n_ctx || k.len() < n || v.len() < n {
             return Err(Error::invalid(format!(
                 "KV store of {n_tokens} tokens at {pos} in a context of {}",
                 self.n_ctx
             )));
         }
-        self.k[at..at + n].copy_from_slice(&k[..n]);
-        self.v[at..at + n].copy_from_slice(&v[..n]);
+        for (t, kt) in k[..n].chunks_exact(kd).enumerate() {
+            let p = pos + t;
+            let panel = &mut self.k[p / PANEL * PANEL * kd..][..PANEL * kd];
+            for (i, x) in kt.iter().enumerate() {
+                panel[i * PANEL + p % PANEL] = *x;
+            }
+        }
+        self.v[pos * kd..][..n].copy_from_slice(&v[..n]);
         Ok(())
+    }
+
+    /// Components `off .. off + len` of the keys of panel `i`, `PANEL` floats each.
+    fn key_panel(&self, i: usize, off: usize, len: usize) -> &[f32] {
+        &self.k[(i * self.kv_dim + off) * PANEL..][..len * PANEL]
     }
 }
 
-/// Per-thread score rows for [`attention`]: [`MAX_ROWS`] rows of the context each.
+/// Working memory for [`attention`]: per thread, one item's scores for a key block, its
+/// running sums and its softmax state. Sized on first use for the model's head size.
 pub struct AttnScratch {
     rows: Vec<Mutex<Vec<f32>>>,
-    n_ctx: usize,
+    /// The results of items that walk part of the keys, before they are combined.
+    parts: Mutex<Vec<f32>>,
 }
 
 impl AttnScratch {
-    pub fn new(n_threads: usize, n_ctx: usize) -> AttnScratch {
+    pub fn new(n_threads: usize) -> AttnScratch {
         AttnScratch {
             rows: (0..n_threads.max(1))
-                .map(|_| Mutex::new(vec![0.0; MAX_ROWS * n_ctx]))
+                .map(|_| Mutex::new(Vec::new()))
                 .collect(),
-            n_ctx,
+            parts: Mutex::new(Vec::new()),
         }
     }
 }
@@ -108,30 +132,71 @@ pub fn attention(
         )));
     }
     let n = hd * nh * n_tokens;
-    if q.len() < n || out.len() < n || scratch.rows.len() < pool.n_threads() || scratch.n_ctx < n_kv
-    {
+    if q.len() < n || out.len() < n || scratch.rows.len() < pool.n_threads() {
         return Err(Error::invalid("attention: buffers too small for the batch"));
     }
-    let shape = Shape::new(nh / nkv, nkv, n_tokens, pool.n_threads());
+    let n_keys = match a.window as usize {
+        0 => n_kv,
+        w => n_kv.min(w + n_tokens - 1),
+    };
+    let shape = Shape::new(nh / nkv, nkv, n_tokens, n_keys, pool.n_threads());
     let job = Job {
         a,
         q,
         cache,
         pos,
         n_head: nh,
+        block: key_block(hd),
         wide: wide_vectors(),
     };
+    let need = job.scratch_len();
+    let mut parts = scratch
+        .parts
+        .lock()
+        .map_err(|_| Error::invalid("attention: scratch"))?;
+    if shape.splits > 1 && parts.len() < shape.n_items() * job.part_len() {
+        parts.resize(shape.n_items() * job.part_len(), 0.0);
+    }
     let o = SharedMut::new(out);
+    let sink = if shape.splits > 1 {
+        Sink::Parts(SharedMut::new(&mut parts))
+    } else {
+        Sink::Out(&o)
+    };
     pool.run_items(shape.n_items(), &|ith, i| {
         // Each thread's own scratch: never contended.
         if let Ok(mut s) = scratch.rows[ith].lock() {
-            job.run(&shape.item(i), &mut s, &o);
+            if s.len() < need {
+                s.resize(need, 0.0);
+            }
+            job.run(i, &shape.item(i), &mut s, &sink);
         }
     });
+    if shape.splits > 1 {
+        job.combine(&shape, &parts, &o);
+    }
     Ok(())
 }
 
-/// How attention is cut into items: `tq` tokens times `hc` heads of one KV head's group.
+/// The fewest keys a part of a split item walks: below this, splitting costs more in
+/// combining than it gains in threads.
+const MIN_SPLIT_KEYS: usize = 256;
+
+/// Where an item's results go: the output rows, or (keys split between items) slot `i`
+/// of the parts, which [`Job::combine`] merges.
+enum Sink<'a, 'o> {
+    Out(&'a SharedMut<'o, f32>),
+    Parts(SharedMut<'a, f32>),
+}
+
+/// Keys per block: a block of K (and then of V) is read once for all of an item's rows
+/// while it sits in the first- or second-level cache, about 32 KiB of it.
+fn key_block(head_dim: usize) -> usize {
+    (8192 / head_dim).clamp(2 * PANEL, 256) / (2 * PANEL) * (2 * PANEL)
+}
+
+/// How attention is cut into items: `tq` tokens times `hc` heads of one KV head's group,
+/// their keys in `splits` parts.
 #[derive(Clone, Copy, Debug)]
 struct Shape {
     group: usize,
@@ -139,22 +204,41 @@ struct Shape {
     n_tokens: usize,
     hc: usize,
     tq: usize,
+    splits: usize,
 }
 
 impl Shape {
-    fn new(group: usize, n_kv_head: usize, n_tokens: usize, n_threads: usize) -> Shape {
+    /// `n_keys`: the most keys a token sees.
+    fn new(
+        group: usize,
+        n_kv_head: usize,
+        n_tokens: usize,
+        n_keys: usize,
+        n_threads: usize,
+    ) -> Shape {
         let mut s = Shape {
             group,
             n_kv_head,
             n_tokens,
             hc: group.min(MAX_ROWS),
             tq: 1,
+            splits: 1,
         };
         s.tq = (MAX_ROWS / s.hc).max(1);
         // Every thread needs an item: fewer tokens per item first, then fewer heads
-        // (generation of a model with a single KV head still uses all threads).
-        while s.tq > 1 && s.n_items() < n_threads {
+        // (generation of a model with a single KV head still uses all threads). Short
+        // batches keep a few items per thread, so that the causal mask's uneven items
+        // even out.
+        while s.tq > 1 && s.n_items() < 4 * n_threads {
             s.tq /= 2;
+        }
+        // Still too few (generation): the keys are split between items before the heads
+        // are, so that each key is still read once for all the heads that share it.
+        if s.n_items() < 4 * n_threads {
+            s.splits = (4 * n_threads)
+                .div_ceil(s.n_items())
+                .min(n_keys / MIN_SPLIT_KEYS)
+                .max(1);
         }
         while s.hc > 1 && s.n_items() < n_threads {
             s.hc = s.hc.div_ceil(2);
@@ -167,11 +251,13 @@ impl Shape {
     }
 
     fn n_items(&self) -> usize {
-        self.n_tokens.div_ceil(self.tq) * self.n_kv_head * self.head_chunks()
+        self.n_tokens.div_ceil(self.tq) * self.n_kv_head * self.head_chunks() * self.splits
     }
 
-    /// Item i, the items of the latest tokens (the most keys) first.
+    /// Item i, the items of the latest tokens (the most keys) first; the parts of one
+    /// item's keys are consecutive.
     fn item(&self, i: usize) -> Item {
+        let (part, i) = (i % self.splits, i / self.splits);
         let per_block = self.n_kv_head * self.head_chunks();
         let tb = self.n_tokens.div_ceil(self.tq) - 1 - i / per_block;
         let hk = i % per_block / self.head_chunks();
@@ -181,6 +267,8 @@ impl Shape {
             hk,
             heads: h0..(h0 + self.hc).min((hk + 1) * self.group),
             tokens: t0..(t0 + self.tq).min(self.n_tokens),
+            part,
+            parts: self.splits,
         }
     }
 }
@@ -191,6 +279,18 @@ struct Item {
     hk: usize,
     heads: std::ops::Range<usize>,
     tokens: std::ops::Range<usize>,
+    /// Which of `parts` equal runs of the keys this item walks.
+    part: usize,
+    parts: usize,
+}
+
+impl Item {
+    /// This item's part of the keys lo .. hi (lo at a panel), in whole panels.
+    fn keys(&self, lo: usize, hi: usize) -> std::ops::Range<usize> {
+        let chunk = (hi - lo).div_ceil(self.parts).next_multiple_of(PANEL);
+        let k0 = (lo + self.part * chunk).min(hi);
+        k0..(k0 + chunk).min(hi)
+    }
 }
 
 /// What every item of one [`attention`] call reads.
@@ -200,25 +300,79 @@ struct Job<'a> {
     cache: &'a KvCache,
     pos: usize,
     n_head: usize,
+    /// Keys per block ([`key_block`]).
+    block: usize,
     wide: bool,
 }
 
+/// One item's working memory, carved from its thread's scratch.
+struct ItemScratch<'s> {
+    /// Scores, then probabilities, of the current key block: `block` per row.
+    s: &'s mut [f32],
+    /// Running weighted sums of the values: `head_dim` per row.
+    acc: &'s mut [f32],
+    /// Per row: the largest score so far, and the sum of e^(score - max) so far.
+    max: &'s mut [f32],
+    sum: &'s mut [f32],
+}
+
 impl Job<'_> {
-    fn run(&self, it: &Item, s: &mut [f32], o: &SharedMut<'_, f32>) {
+    /// Floats of scratch one item needs.
+    fn scratch_len(&self) -> usize {
+        MAX_ROWS * self.block + self.part_len()
+    }
+
+    /// Floats of one item's results: its rows' sums, maxima and total weights.
+    fn part_len(&self) -> usize {
+        MAX_ROWS * (self.a.head_dim as usize + 2)
+    }
+
+    /// The output row of an item's row r.
+    fn out_row(&self, it: &Item, r: usize) -> usize {
+        let nhi = it.heads.len();
+        (it.tokens.start + r / nhi) * self.n_head + it.heads.start + r % nhi
+    }
+
+    /// One block's scores, softmax and weighted sum. On x86-64 with AVX2 each phase is
+    /// a function of its own: inlined together, the exponential's constants took
+    /// registers the weighted sum's tile needed, and its sums went to the stack.
+    fn block(&self, it: &Item, j0: usize, nb: usize, w: &mut ItemScratch<'_>) {
         #[cfg(target_arch = "x86_64")]
         if self.wide {
             // SAFETY: `wide` is only true when the CPU has AVX2 and FMA (`wide_vectors`).
-            return unsafe { self.run_avx2(it, s, o) };
+            unsafe {
+                self.scores_avx2(it, j0, nb, w.s);
+                self.softmax_avx2(it, j0, nb, w);
+                self.values_avx2(it, j0, nb, w);
+            }
+            return;
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = self.wide;
-        self.run_with::<{ cfg!(target_arch = "aarch64") }>(it, s, o)
+        // `F`: fused multiply-add is native.
+        const F: bool = cfg!(target_arch = "aarch64");
+        self.scores::<F>(it, j0, nb, w.s);
+        self.softmax_block(it, j0, nb, w);
+        self.weigh_values::<F>(it, j0, nb, w.s, w.acc);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_avx2(&self, it: &Item, s: &mut [f32], o: &SharedMut<'_, f32>) {
-        self.run_with::<true>(it, s, o)
+    #[inline(never)]
+    unsafe fn scores_avx2(&self, it: &Item, j0: usize, nb: usize, s: &mut [f32]) {
+        self.scores::<true>(it, j0, nb, s)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    #[inline(never)]
+    unsafe fn softmax_avx2(&self, it: &Item, j0: usize, nb: usize, w: &mut ItemScratch<'_>) {
+        self.softmax_block(it, j0, nb, w)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    #[inline(never)]
+    unsafe fn values_avx2(&self, it: &Item, j0: usize, nb: usize, w: &mut ItemScratch<'_>) {
+        self.weigh_values::<true>(it, j0, nb, w.s, w.acc)
     }
 
     /// The first key position query position `qpos` sees.
@@ -229,37 +383,118 @@ impl Job<'_> {
         }
     }
 
-    /// Scores, softmax and weighted sum for one item; `F`: fused multiply-add is native.
-    #[inline(always)]
-    fn run_with<const F: bool>(&self, it: &Item, s: &mut [f32], o: &SharedMut<'_, f32>) {
+    /// One item: its keys in blocks, each block's scores, their softmax against the
+    /// running maximum (earlier blocks' sums rescaled when it rises) and the values'
+    /// weighted sum; at the end each row's sums divided by its total weight, or (item
+    /// `i` one part of split keys) the sums and weights kept for [`Job::combine`].
+    fn run(&self, i: usize, it: &Item, scratch: &mut [f32], sink: &Sink<'_, '_>) {
+        let hd = self.a.head_dim as usize;
+        let m = it.heads.len() * it.tokens.len();
+        let (s, part) = scratch.split_at_mut(MAX_ROWS * self.block);
+        let (acc, rest) = part.split_at_mut(MAX_ROWS * hd);
+        let (max, rest) = rest.split_at_mut(MAX_ROWS);
+        let mut w = ItemScratch {
+            s,
+            acc: &mut acc[..m * hd],
+            max: &mut max[..m],
+            sum: &mut rest[..m],
+        };
+        w.acc.fill(0.0);
+        w.max.fill(f32::NEG_INFINITY);
+        w.sum.fill(0.0);
+        let lo = self.first_key(self.pos + it.tokens.start) / PANEL * PANEL;
+        let keys = it.keys(lo, self.pos + it.tokens.end);
+        for j0 in keys.clone().step_by(self.block) {
+            let nb = (keys.end - j0).min(self.block);
+            self.block(it, j0, nb, &mut w);
+        }
+        match sink {
+            Sink::Out(o) => {
+                for r in 0..m {
+                    // Every row sees at least its own position, so its sum is at least 1.
+                    let inv = 1.0 / w.sum[r];
+                    // SAFETY: each query row belongs to one item, and so its output row.
+                    let orow = unsafe { o.slice(self.out_row(it, r) * hd, hd) };
+                    for (d, a) in orow.iter_mut().zip(&w.acc[r * hd..(r + 1) * hd]) {
+                        *d = a * inv;
+                    }
+                }
+            }
+            Sink::Parts(p) => {
+                // SAFETY: slot i is item i's alone.
+                let slot = unsafe { p.slice(i * self.part_len(), self.part_len()) };
+                slot.copy_from_slice(part);
+            }
+        }
+    }
+
+    /// Merges the parts of each split item into its output rows: each part's sums and
+    /// weight scaled to the largest maximum among the parts, then summed.
+    fn combine(&self, shape: &Shape, parts: &[f32], o: &SharedMut<'_, f32>) {
+        let hd = self.a.head_dim as usize;
+        let mut row = vec![0f32; hd];
+        for b in (0..shape.n_items()).step_by(shape.splits) {
+            let it = shape.item(b);
+            let slot = |p: usize| &parts[(b + p) * self.part_len()..][..self.part_len()];
+            for r in 0..it.heads.len() * it.tokens.len() {
+                let max = |p: usize| slot(p)[MAX_ROWS * hd + r];
+                let mx = (0..shape.splits).fold(f32::NEG_INFINITY, |m, p| m.max(max(p)));
+                row.fill(0.0);
+                let mut total = 0.0;
+                for p in 0..shape.splits {
+                    let w = slot(p)[MAX_ROWS * hd + MAX_ROWS + r];
+                    if w == 0.0 {
+                        continue; // This part holds none of the row's keys.
+                    }
+                    let f = exp_fast(max(p) - mx);
+                    total += w * f;
+                    for (a, x) in row.iter_mut().zip(&slot(p)[r * hd..][..hd]) {
+                        *a += x * f;
+                    }
+                }
+                // SAFETY: no item runs any more; each row is written once.
+                let orow = unsafe { o.slice(self.out_row(&it, r) * hd, hd) };
+                for (d, a) in orow.iter_mut().zip(&row) {
+                    *d = a / total;
+                }
+            }
+        }
+    }
+
+    /// The query row r of an item.
+    fn qrow(&self, it: &Item, r: usize) -> &[f32] {
         let hd = self.a.head_dim as usize;
         let nhi = it.heads.len();
-        let m = nhi * it.tokens.len();
-        let lo = self.first_key(self.pos + it.tokens.start);
-        let nk = self.pos + it.tokens.end - lo;
-        let s = &mut s[..m * nk];
-        let row = |r: usize| (it.tokens.start + r / nhi) * self.n_head + it.heads.start + r % nhi;
-        let qrow = |r: usize| &self.q[row(r) * hd..][..hd];
-        let (kd, koff) = (self.cache.kv_dim, it.hk * hd);
-        let krow = |j: usize| &self.cache.k[(lo + j) * kd + koff..][..hd];
+        let row = (it.tokens.start + r / nhi) * self.n_head + it.heads.start + r % nhi;
+        &self.q[row * hd..][..hd]
+    }
 
-        // Scores, in tiles of up to 4 rows by 2 keys (the last key repeated at an odd end).
+    /// s[r * block + j] = scale * q_r . k_(j0 + j) for the item's rows and the block's
+    /// `nb` keys (rounded up to whole panels; `j0` starts one), in tiles of up to 4 rows
+    /// by two panels (the last panel repeated at an odd end).
+    #[inline(always)]
+    fn scores<const F: bool>(&self, it: &Item, j0: usize, nb: usize, s: &mut [f32]) {
+        let hd = self.a.head_dim as usize;
+        let m = it.heads.len() * it.tokens.len();
+        let panels = nb.div_ceil(PANEL);
+        let panel = |i: usize| self.cache.key_panel(j0 / PANEL + i, it.hk * hd, hd);
         for r0 in (0..m).step_by(4) {
             let rn = (m - r0).min(4);
-            let mut j = 0;
-            while j < nk {
-                let kn = (nk - j).min(2);
-                let ks = [krow(j), krow(j + kn - 1)];
-                let mut put = |i: usize, t: &[f32; 2]| {
-                    for (k, v) in t.iter().enumerate().take(kn) {
-                        s[(r0 + i) * nk + j + k] = v * self.a.scale;
+            let mut i = 0;
+            while i < panels {
+                let kn = (panels - i).min(2);
+                let ks = [panel(i), panel(i + kn - 1)];
+                let mut put = |r: usize, t: &[[f32; PANEL]; 2]| {
+                    let row = &mut s[(r0 + r) * self.block + i * PANEL..][..kn * PANEL];
+                    for (o, v) in row.iter_mut().zip(t.as_flattened()) {
+                        *o = v * self.a.scale;
                     }
                 };
                 macro_rules! tile {
                     ($r:literal) => {{
-                        let qs: [&[f32]; $r] = std::array::from_fn(|i| qrow(r0 + i));
+                        let qs: [&[f32]; $r] = std::array::from_fn(|i| self.qrow(it, r0 + i));
                         let t = score_tile::<F, $r>(&qs, &ks);
-                        t.iter().enumerate().for_each(|(i, t)| put(i, t));
+                        t.iter().enumerate().for_each(|(r, t)| put(r, t));
                     }};
                 }
                 match rn {
@@ -268,21 +503,63 @@ impl Job<'_> {
                     2 => tile!(2),
                     _ => tile!(1),
                 }
-                j += kn;
+                i += kn;
             }
         }
+    }
 
-        // Softmax per row over the keys it sees; the rest weigh 0.
-        for r in 0..m {
+    /// Turns each row's block of scores into weights e^(score - max) over the keys the
+    /// row sees (the rest weigh 0), raising the row's running maximum where the block
+    /// holds a larger score and rescaling its earlier sums to match.
+    #[inline(always)]
+    fn softmax_block(&self, it: &Item, j0: usize, nb: usize, w: &mut ItemScratch<'_>) {
+        let hd = self.a.head_dim as usize;
+        let nhi = it.heads.len();
+        for r in 0..w.max.len() {
             let qpos = self.pos + it.tokens.start + r / nhi;
-            let (a, b) = (self.first_key(qpos) - lo, qpos + 1 - lo);
-            softmax_masked(&mut s[r * nk..(r + 1) * nk], a, b);
+            let a = self.first_key(qpos).clamp(j0, j0 + nb) - j0;
+            let b = (qpos + 1).clamp(j0, j0 + nb) - j0;
+            let p = &mut w.s[r * self.block..r * self.block + nb];
+            if a >= b {
+                p.fill(0.0);
+                continue;
+            }
+            let mx = max_of(&p[a..b]).max(w.max[r]);
+            p[..a].fill(0.0);
+            p[b..].fill(0.0);
+            let sum = exp_sum(&mut p[a..b], mx);
+            if mx > w.max[r] {
+                // The first block a row sees has nothing to rescale (its maximum was -inf).
+                let f = if w.sum[r] > 0.0 {
+                    exp_fast(w.max[r] - mx)
+                } else {
+                    0.0
+                };
+                w.sum[r] *= f;
+                w.acc[r * hd..(r + 1) * hd].iter_mut().for_each(|a| *a *= f);
+                w.max[r] = mx;
+            }
+            w.sum[r] += sum;
         }
+    }
 
-        // Weighted sum of the values, in tiles of up to 4 rows by 16 dimensions.
+    /// acc[r] += sum over the block's keys j of p[r][j] * v_(j0 + j), in tiles of up to 4
+    /// rows by 16 dimensions.
+    #[inline(always)]
+    fn weigh_values<const F: bool>(
+        &self,
+        it: &Item,
+        j0: usize,
+        nb: usize,
+        p: &[f32],
+        acc: &mut [f32],
+    ) {
+        let hd = self.a.head_dim as usize;
+        let m = it.heads.len() * it.tokens.len();
+        let (kd, koff) = (self.cache.kv_dim, it.hk * hd);
         for r0 in (0..m).step_by(4) {
             let rn = (m - r0).min(4);
-            let prow = |r: usize| &s[r * nk..(r + 1) * nk];
+            let prow = |r: usize| &p[r * self.block..][..nb];
             let mut c = 0;
             while c < hd {
                 let w = match hd - c {
@@ -290,15 +567,15 @@ impl Job<'_> {
                     8.. => 8,
                     _ => 1,
                 };
-                let v = &self.cache.v[lo * kd + koff + c..];
-                let mut acc = [[0f32; 16]; 4];
+                let v = &self.cache.v[j0 * kd + koff + c..];
+                let at = |i: usize| (r0 + i) * hd + c;
                 macro_rules! tile {
                     ($r:literal) => {{
                         let ps: [&[f32]; $r] = std::array::from_fn(|i| prow(r0 + i));
                         match w {
-                            16 => pv_tile::<F, $r, 16>(&ps, v, kd, &mut acc),
-                            8 => pv_tile::<F, $r, 8>(&ps, v, kd, &mut acc),
-                            _ => pv_tile::<F, $r, 1>(&ps, v, kd, &mut acc),
+                            16 => pv_tile::<F, $r, 16>(&ps, v, kd, acc, at),
+                            8 => pv_tile::<F, $r, 8>(&ps, v, kd, acc, at),
+                            _ => pv_tile::<F, $r, 1>(&ps, v, kd, acc, at),
                         }
                     }};
                 }
@@ -307,11 +584,6 @@ impl Job<'_> {
                     3 => tile!(3),
                     2 => tile!(2),
                     _ => tile!(1),
-                }
-                for (i, ar) in acc.iter().enumerate().take(rn) {
-                    // SAFETY: each query row belongs to one item, and so its output row.
-                    let orow = unsafe { o.slice(row(r0 + i) * hd + c, w) };
-                    orow.copy_from_slice(&ar[..w]);
                 }
                 c += w;
             }
@@ -330,46 +602,41 @@ fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// Dot products of R query rows with 2 key rows (all of one length), in 8-wide partial
-/// sums the compiler keeps in vector registers.
+/// Dot products of R query rows with the keys of two panels, lanes over keys: for each
+/// dimension a broadcast of each row's component times the panels' eight keys, so no
+/// sum ever runs across the lanes.
 #[inline(always)]
-fn score_tile<const F: bool, const R: usize>(q: &[&[f32]; R], k: &[&[f32]; 2]) -> [[f32; 2]; R] {
+fn score_tile<const F: bool, const R: usize>(
+    q: &[&[f32]; R],
+    k: &[&[f32]; 2],
+) -> [[[f32; PANEL]; 2]; R] {
     let hd = q[0].len();
-    let n8 = hd / 8 * 8;
-    let mut acc = [[[0f32; 8]; 2]; R];
-    let mut c = 0;
-    while c < n8 {
-        let k0 = &k[0][c..c + 8];
-        let k1 = &k[1][c..c + 8];
+    let mut acc = [[[0f32; PANEL]; 2]; R];
+    for d in 0..hd {
+        let k0 = &k[0][d * PANEL..][..PANEL];
+        let k1 = &k[1][d * PANEL..][..PANEL];
         for (r, ar) in acc.iter_mut().enumerate() {
-            let qc = &q[r][c..c + 8];
-            for l in 0..8 {
-                ar[0][l] = madd::<F>(qc[l], k0[l], ar[0][l]);
-                ar[1][l] = madd::<F>(qc[l], k1[l], ar[1][l]);
+            let qd = q[r][d];
+            for l in 0..PANEL {
+                ar[0][l] = madd::<F>(qd, k0[l], ar[0][l]);
+                ar[1][l] = madd::<F>(qd, k1[l], ar[1][l]);
             }
         }
-        c += 8;
     }
-    let mut out = [[0f32; 2]; R];
-    for (r, or) in out.iter_mut().enumerate() {
-        for (kk, o) in or.iter_mut().enumerate() {
-            let tail: f32 = (n8..hd).map(|d| q[r][d] * k[kk][d]).sum();
-            *o = acc[r][kk].iter().sum::<f32>() + tail;
-        }
-    }
-    out
+    acc
 }
 
-/// acc[r][..W] = sum over keys j of p[r][j] * v[j * stride ..][..W].
+/// acc[at(r)..][..W] += sum over keys j of p[r][j] * v[j * stride ..][..W].
 #[inline(always)]
 fn pv_tile<const F: bool, const R: usize, const W: usize>(
     p: &[&[f32]; R],
     v: &[f32],
     stride: usize,
-    acc: &mut [[f32; 16]; 4],
+    acc: &mut [f32],
+    at: impl Fn(usize) -> usize,
 ) {
     let nk = p[0].len();
-    let mut a = [[0f32; W]; R];
+    let mut a: [[f32; W]; R] = std::array::from_fn(|r| std::array::from_fn(|l| acc[at(r) + l]));
     for j in 0..nk {
         let vr = &v[j * stride..][..W];
         for (r, ar) in a.iter_mut().enumerate() {
@@ -379,26 +646,47 @@ fn pv_tile<const F: bool, const R: usize, const W: usize>(
             }
         }
     }
-    for (o, a) in acc.iter_mut().zip(&a) {
-        o[..W].copy_from_slice(a);
+    for (r, a) in a.iter().enumerate() {
+        acc[at(r)..][..W].copy_from_slice(a);
     }
 }
 
-/// Softmax of `s[a..b]` in place; the rest of `s` becomes 0.
+/// The largest of `x`, in eight lanes (a running `max` over one value at a time is a
+/// chain the compiler keeps scalar).
 #[inline(always)]
-fn softmax_masked(s: &mut [f32], a: usize, b: usize) {
-    let mx = s[a..b].iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    s[..a].fill(0.0);
-    s[b..].fill(0.0);
+fn max_of(x: &[f32]) -> f32 {
+    let mut m = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            m[l] = m[l].max(c[l]);
+        }
+    }
+    let tail = chunks
+        .remainder()
+        .iter()
+        .fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    m.iter().fold(tail, |a, &b| a.max(b))
+}
+
+/// x = e^(x - mx) in place, and their sum, in eight lanes: a single running sum would
+/// keep the whole loop, exponentials included, one value at a time.
+#[inline(always)]
+fn exp_sum(x: &mut [f32], mx: f32) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            c[l] = exp_fast(c[l] - mx);
+            acc[l] += c[l];
+        }
+    }
     let mut sum = 0.0;
-    for x in &mut s[a..b] {
-        *x = exp_fast(*x - mx);
-        sum += *x;
+    for v in chunks.into_remainder() {
+        *v = exp_fast(*v - mx);
+        sum += *v;
     }
-    let inv = 1.0 / sum;
-    for x in &mut s[a..b] {
-        *x *= inv;
-    }
+    sum + acc.iter().sum::<f32>()
 }
 
 /// Whether the AVX2 + FMA build of the item kernel can run here (the crate's baseline
@@ -418,24 +706,61 @@ fn wide_vectors() -> bool {
 mod tests {
     use super::*;
 
-    /// Every (token, head) row is in exactly one item, whatever the shape.
+    /// Every (token, head) row is in one item per part of the keys, whatever the shape;
+    /// generation splits the keys of a long context between the threads, never those of
+    /// a short one.
     #[test]
     fn items_cover_every_row_once() {
-        for (group, nkv, nt, nth) in [(4, 1, 1, 2), (4, 1, 37, 2), (3, 3, 9, 2), (16, 2, 5, 3)] {
-            let s = Shape::new(group, nkv, nt, nth);
-            let mut seen = vec![0u8; nt * group * nkv];
+        let cases = [
+            (4, 1, 1, 100, 2),
+            (4, 1, 1, 4096, 2),
+            (3, 3, 1, 4096, 2),
+            (4, 1, 37, 4096, 2),
+            (3, 3, 9, 600, 2),
+            (16, 2, 5, 600, 3),
+        ];
+        for (group, nkv, nt, n_keys, nth) in cases {
+            let s = Shape::new(group, nkv, nt, n_keys, nth);
+            let mut seen = vec![0u32; nt * group * nkv];
             for i in 0..s.n_items() {
                 let it = s.item(i);
                 assert!(it.heads.len() * it.tokens.len() <= MAX_ROWS, "{s:?}");
+                assert_eq!((it.part, it.parts), (i % s.splits, s.splits), "{s:?}");
                 for t in it.tokens.clone() {
                     for h in it.heads.clone() {
                         assert_eq!(h / group, it.hk);
-                        seen[t * group * nkv + h] += 1;
+                        seen[t * group * nkv + h] |= 1 << it.part;
                     }
                 }
             }
-            assert!(seen.iter().all(|&c| c == 1), "{s:?}");
+            assert!(seen.iter().all(|&c| c == (1 << s.splits) - 1), "{s:?}");
             assert!(s.n_items() >= nth.min(nt * group * nkv), "{s:?}");
+            assert!(s.splits == 1 || n_keys >= 2 * MIN_SPLIT_KEYS, "{s:?}");
+            if nt == 1 && n_keys == 4096 {
+                assert!(s.n_items() >= 4 * nth, "{s:?}");
+            }
+        }
+    }
+
+    /// The parts of a split run of keys cover it once, in whole panels.
+    #[test]
+    fn parts_cover_the_keys() {
+        for (lo, hi, parts) in [(0, 4096, 8), (8, 1001, 3), (0, 9, 4), (16, 17, 2)] {
+            let mut next = lo;
+            for part in 0..parts {
+                let it = Item {
+                    hk: 0,
+                    heads: 0..1,
+                    tokens: 0..1,
+                    part,
+                    parts,
+                };
+                let k = it.keys(lo, hi);
+                assert_eq!(k.start, next.min(hi));
+                assert!(k.start % PANEL == 0 || k.start == hi);
+                next = k.end;
+            }
+            assert_eq!(next, hi);
         }
     }
 }

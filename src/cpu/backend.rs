@@ -409,7 +409,7 @@ impl CpuModel {
             plan: Default::default(),
             plan_key: None,
             rope: Default::default(),
-            attn: AttnScratch::new(pool.n_threads(), n_ctx as usize),
+            attn: AttnScratch::new(pool.n_threads()),
         };
         Ok(CpuModel {
             logits: CpuAct::new(c.n_vocab as usize),
