@@ -357,6 +357,85 @@ impl Decode for Q5K {
     }
 }
 
+/// The 2-bit field k of the 32 bytes at `p` (bits 2k..2k + 2 of each byte): Q2_K's and
+/// Q3_K's quants, where value 32 k + l of each 128 is field k of byte l.
+#[inline(always)]
+unsafe fn crumbs(p: *const u8, k: usize) -> __m256i {
+    let q = _mm256_srl_epi16(load(p), _mm_cvtsi32_si128(2 * k as i32));
+    _mm256_and_si256(q, _mm256_set1_epi8(3))
+}
+
+/// A group's two 16-value halves: per-lane scales and per-half offsets.
+#[inline(always)]
+fn halves(q: __m256i, sc: [f32; 2], off: [f32; 2]) -> Group {
+    // SAFETY: plain register broadcasts, available wherever the kernels run.
+    let sc = unsafe { _mm256_set_m128(_mm_set1_ps(sc[1]), _mm_set1_ps(sc[0])) };
+    Group { q, sc, off }
+}
+
+/// Q2_K: scales[16] (4-bit scale and min per 16 values), qs[64], f16 d, f16 dmin.
+struct Q2K;
+impl Decode for Q2K {
+    const BYTES: usize = 84;
+    const GROUPS: usize = 8;
+    const HALVES: bool = true;
+    /// Per 16 values: the scale, then the offset (minus the min).
+    type Hdr = [[f32; 16]; 2];
+    const ZERO: [[f32; 16]; 2] = [[0.0; 16]; 2];
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> [[f32; 16]; 2] {
+        let (d, dmin) = (f16_at(b.add(80)), f16_at(b.add(82)));
+        let mut h = [[0.0; 16]; 2];
+        for k in 0..16 {
+            let s = *b.add(k);
+            h[0][k] = d * (s & 0x0f) as f32;
+            h[1][k] = -dmin * (s >> 4) as f32;
+        }
+        h
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &[[f32; 16]; 2], j: usize) -> Group {
+        let q = crumbs(b.add(16 + 32 * (j / 4)), j % 4);
+        let k = 2 * j;
+        halves(q, [h[0][k], h[0][k + 1]], [h[1][k], h[1][k + 1]])
+    }
+}
+
+/// Q3_K: hmask[32], qs[64], 6-bit scales[12], f16 d; value q - 4 where q holds the two
+/// low bits and the high-mask bit as its third.
+struct Q3K;
+impl Decode for Q3K {
+    const BYTES: usize = 110;
+    const GROUPS: usize = 8;
+    const HALVES: bool = true;
+    type Hdr = [f32; 16];
+    const ZERO: [f32; 16] = [0.0; 16];
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> [f32; 16] {
+        let d = f16_at(b.add(108));
+        let sc = b.add(96);
+        std::array::from_fn(|k| {
+            let low = if k < 8 {
+                *sc.add(k) & 0x0f
+            } else {
+                *sc.add(k - 8) >> 4
+            };
+            let high = (*sc.add(8 + k % 4) >> (2 * (k / 4))) & 3;
+            d * ((low | (high << 4)) as i8 - 32) as f32
+        })
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &[f32; 16], j: usize) -> Group {
+        let lo = crumbs(b.add(32 + 32 * (j / 4)), j % 4);
+        // Bit j of each of the 32 mask bytes, moved to bit 2.
+        let hb = _mm256_and_si256(load(b), _mm256_set1_epi8((1u8 << j) as i8));
+        let hb = _mm256_min_epu8(hb, _mm256_set1_epi8(1));
+        let q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2));
+        let k = 2 * j;
+        halves(q, [h[k], h[k + 1]], [-4.0 * h[k], -4.0 * h[k + 1]])
+    }
+}
+
 /// Q6_K: ql[128], qh[64], i8 scales[16], f16 d; values stored plus 32, a scale per 16.
 struct Q6K;
 impl Decode for Q6K {
@@ -688,13 +767,15 @@ flavors! {
     Q5_0 => q5_0_avx2, q5_0_vnni;
     Q5_1 => q5_1_avx2, q5_1_vnni;
     Q8_0 => q8_0_avx2, q8_0_vnni;
+    Q2K => q2_k_avx2, q2_k_vnni;
+    Q3K => q3_k_avx2, q3_k_vnni;
     Q4K => q4_k_avx2, q4_k_vnni;
     Q5K => q5_k_avx2, q5_k_vnni;
     Q6K => q6_k_avx2, q6_k_vnni;
 }
 
 /// The tile kernel for weights of `ty` in `flavor`, or `None` where the row dots are used
-/// (float and 2/3-bit weights; Q8_0 without VNNI, whose byte pairs overflow `maddubs`).
+/// (float weights; Q8_0 without VNNI, whose byte pairs overflow `maddubs`).
 /// Callers must have checked `flavor.available()`.
 pub fn kernel(ty: GgmlType, flavor: Flavor) -> Option<TileFn> {
     use GgmlType as G;
@@ -713,6 +794,10 @@ pub fn kernel(ty: GgmlType, flavor: Flavor) -> Option<TileFn> {
             let _ = q8_0_avx2;
             return None;
         }
+        (G::Q2_K, false) => q2_k_avx2,
+        (G::Q2_K, true) => q2_k_vnni,
+        (G::Q3_K, false) => q3_k_avx2,
+        (G::Q3_K, true) => q3_k_vnni,
         (G::Q4_K, false) => q4_k_avx2,
         (G::Q4_K, true) => q4_k_vnni,
         (G::Q5_K, false) => q5_k_avx2,

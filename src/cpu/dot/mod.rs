@@ -5,7 +5,8 @@
 //! are chosen at run time by [`Isa::detect`]: on x86_64 `avx2` when the CPU has AVX2,
 //! FMA and F16C (AVX-512 VNNI adds tile kernels, not row dots); on little-endian aarch64
 //! `neon`, on the `sdot` dot-product instructions where the CPU has them and on plain
-//! NEON otherwise. Q2_K and Q3_K use the scalar kernels everywhere.
+//! NEON otherwise. Q2_K and Q3_K have scalar row dots only; on x86_64 the tile kernels
+//! ([`super::tile`]) cover them.
 
 use super::act::ActType;
 use crate::quant::GgmlType;
