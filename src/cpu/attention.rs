@@ -6,7 +6,7 @@
 //!
 //! Work is cut into items of up to [`MAX_ROWS`] query rows that share a KV head: the
 //! heads of one GQA group times a few consecutive tokens. An item walks its keys in
-//! blocks small enough to stay in cache ([`key_block`]), keeping a running softmax per
+//! blocks small enough to stay in cache (`key_block`), keeping a running softmax per
 //! row (its maximum so far and its sum of weights, earlier sums rescaled when the
 //! maximum rises), so each key and value row is read from memory once per item and
 //! then serves every row of it, whatever the context's length. Within a block the

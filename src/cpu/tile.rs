@@ -385,13 +385,11 @@ impl Decode for Q2K {
     #[inline(always)]
     unsafe fn hdr(b: *const u8) -> [[f32; 16]; 2] {
         let (d, dmin) = (f16_at(b.add(80)), f16_at(b.add(82)));
-        let mut h = [[0.0; 16]; 2];
-        for k in 0..16 {
-            let s = *b.add(k);
-            h[0][k] = d * (s & 0x0f) as f32;
-            h[1][k] = -dmin * (s >> 4) as f32;
-        }
-        h
+        let s = |k: usize| *b.add(k);
+        [
+            std::array::from_fn(|k| d * (s(k) & 0x0f) as f32),
+            std::array::from_fn(|k| -dmin * (s(k) >> 4) as f32),
+        ]
     }
     #[inline(always)]
     unsafe fn group(b: *const u8, h: &[[f32; 16]; 2], j: usize) -> Group {
