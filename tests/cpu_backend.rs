@@ -371,7 +371,7 @@ fn attention_matches_reference() {
     // Head sizes with and without 16- and 8-wide tails; groups of 1, 3, 4 and 16 heads
     // (items of several tokens, of one, and of part of a group); windows shorter than a
     // batch, and one longer than a block of keys. The context spans several key blocks
-    // (32 to 256 keys), so the running softmax rescales its sums, and the last single
+    // (64 to 256 keys), so the running softmax rescales its sums, and the last single
     // tokens see enough keys to split them between items.
     let shapes = [
         (16usize, 4u32, 4u32, 0u32),

@@ -191,9 +191,10 @@ enum Sink<'a, 'o> {
 }
 
 /// Keys per block: a block of K (and then of V) is read once for all of an item's rows
-/// while it sits in the first- or second-level cache, about 32 KiB of it.
+/// while it sits in the second-level cache, 64 KiB of it (measured 3-9% faster on
+/// prompts and 10-14% on generation at depth than blocks of 32 KiB).
 fn key_block(head_dim: usize) -> usize {
-    (8192 / head_dim).clamp(2 * PANEL, 256) / (2 * PANEL) * (2 * PANEL)
+    (16384 / head_dim).clamp(2 * PANEL, 256) / (2 * PANEL) * (2 * PANEL)
 }
 
 /// How attention is cut into items: `tq` tokens times `hc` heads of one KV head's group,
