@@ -510,7 +510,15 @@ fn gemma3_greedy_starts_like_llama_cpp() {
     let mut m = load_cpu("gemma-3-270m-q4_k_m.gguf", 2);
     let got = greedy(&mut m, &[2, 818, 5279, 529, 7001, 563], 8);
     eprintln!("Gemma 3 CPU greedy: {got:?}");
-    assert_eq!(&got[..5], &[506, 5279, 529, 506, 2891]);
+    assert_eq!(&got[..4], &[506, 5279, 529, 506]);
+    // llama.cpp's three likeliest fifth tokens lie within 0.07 nats of each other
+    // (2891 at -2.558, 3640 at -2.589, 7830 at -2.626): the order of a sum decides
+    // between them, and the aarch64 kernels' order picks 3640.
+    assert!(
+        [2891, 3640, 7830].contains(&got[4]),
+        "fifth token {}",
+        got[4]
+    );
 }
 
 #[test]

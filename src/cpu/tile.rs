@@ -348,13 +348,16 @@ impl Decode for Q5K {
     }
     #[inline(always)]
     unsafe fn group(b: *const u8, h: &KHdr, j: usize) -> Group {
-        let q = k_nibbles(b.add(48), j);
-        // Bit j of each of the 32 high-bit bytes, moved to bit 4.
-        let hb = _mm256_and_si256(load(b.add(16)), _mm256_set1_epi8((1u8 << j) as i8));
-        let hb = _mm256_min_epu8(hb, _mm256_set1_epi8(1));
-        let q = _mm256_or_si256(q, _mm256_slli_epi16(hb, 4));
+        let q = _mm256_or_si256(k_nibbles(b.add(48), j), mask_bit::<4>(b.add(16), j));
         simple(q, h.sc[j], h.mn[j])
     }
+}
+
+/// Bit j of each of the 32 bytes at `p`, moved to bit `TO` (Q5_K's and Q3_K's high bits).
+#[inline(always)]
+unsafe fn mask_bit<const TO: i32>(p: *const u8, j: usize) -> __m256i {
+    let hb = _mm256_and_si256(load(p), _mm256_set1_epi8((1u8 << j) as i8));
+    _mm256_slli_epi16(_mm256_min_epu8(hb, _mm256_set1_epi8(1)), TO)
 }
 
 /// The 2-bit field k of the 32 bytes at `p` (bits 2k..2k + 2 of each byte): Q2_K's and
@@ -424,11 +427,7 @@ impl Decode for Q3K {
     }
     #[inline(always)]
     unsafe fn group(b: *const u8, h: &[f32; 16], j: usize) -> Group {
-        let lo = crumbs(b.add(32 + 32 * (j / 4)), j % 4);
-        // Bit j of each of the 32 mask bytes, moved to bit 2.
-        let hb = _mm256_and_si256(load(b), _mm256_set1_epi8((1u8 << j) as i8));
-        let hb = _mm256_min_epu8(hb, _mm256_set1_epi8(1));
-        let q = _mm256_or_si256(lo, _mm256_slli_epi16(hb, 2));
+        let q = _mm256_or_si256(crumbs(b.add(32 + 32 * (j / 4)), j % 4), mask_bit::<2>(b, j));
         let k = 2 * j;
         halves(q, [h[k], h[k + 1]], [-4.0 * h[k], -4.0 * h[k + 1]])
     }
