@@ -151,10 +151,8 @@ pub fn attention(
         wide: wide_vectors(),
     };
     let need = job.scratch_len();
-    let mut parts = scratch
-        .parts
-        .lock()
-        .map_err(|_| Error::invalid("attention: scratch"))?;
+    // A poisoned lock only means an earlier call panicked; every value is rewritten.
+    let mut parts = scratch.parts.lock().unwrap_or_else(|e| e.into_inner());
     if shape.splits > 1 && parts.len() < shape.n_items() * job.part_len() {
         parts.resize(shape.n_items() * job.part_len(), 0.0);
     }
@@ -166,12 +164,11 @@ pub fn attention(
     };
     pool.run_items(shape.n_items(), &|ith, i| {
         // Each thread's own scratch: never contended.
-        if let Ok(mut s) = scratch.rows[ith].lock() {
-            if s.len() < need {
-                s.resize(need, 0.0);
-            }
-            job.run(i, &shape.item(i), &mut s, &sink);
+        let mut s = scratch.rows[ith].lock().unwrap_or_else(|e| e.into_inner());
+        if s.len() < need {
+            s.resize(need, 0.0);
         }
+        job.run(i, &shape.item(i), &mut s, &sink);
     });
     if shape.splits > 1 {
         job.combine(&shape, &parts, &o);
