@@ -394,7 +394,8 @@ fn attention_matches_reference() {
         let kv_dim = hd * n_head_kv as usize;
         let mut cache = cattn::KvCache::new(kv_dim, n_ctx).unwrap();
         let scratch = cattn::AttnScratch::new(pool.n_threads());
-        // GPU layouts for the reference: k [kv_dim, n_ctx], v transposed [n_ctx, kv_dim].
+        // GPU layouts for the reference: k [kv_dim, n_ctx], v transposed [n_ctx, kv_dim],
+        // rounded to f16 as the cache holds them.
         let mut k_ref = vec![0.0; kv_dim * n_ctx];
         let mut v_ref = vec![0.0; kv_dim * n_ctx];
         let mut pos = 0;
@@ -405,8 +406,8 @@ fn attention_matches_reference() {
             cache.store(&k, &v, pos, n_tokens).unwrap();
             for t in 0..n_tokens {
                 for i in 0..kv_dim {
-                    k_ref[(pos + t) * kv_dim + i] = k[t * kv_dim + i];
-                    v_ref[i * n_ctx + pos + t] = v[t * kv_dim + i];
+                    k_ref[(pos + t) * kv_dim + i] = half_round(k[t * kv_dim + i]);
+                    v_ref[i * n_ctx + pos + t] = half_round(v[t * kv_dim + i]);
                 }
             }
             let mut want = vec![0.0; q.len()];
@@ -421,6 +422,10 @@ fn attention_matches_reference() {
             pos += n_tokens;
         }
     }
+}
+
+fn half_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
 }
 
 fn model_path(name: &str) -> String {

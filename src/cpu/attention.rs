@@ -17,10 +17,11 @@
 
 use std::sync::Mutex;
 
-use super::ops::{exp_fast, zeroed_f32};
+use super::ops::{exp_fast, zeroed};
 use super::pool::{Pool, SharedMut};
 use crate::ops::attention::Attention;
 use crate::{Error, Result};
+use half::f16;
 
 /// The most query rows one work item holds: each block of keys and values loaded
 /// serves all of them.
@@ -30,13 +31,15 @@ const _: () = assert!(MAX_ROWS % 4 == 0, "tiles of four rows fill the scratch");
 /// Keys per panel of the key cache.
 const PANEL: usize = 8;
 
-/// One layer's keys and values. Values are position-major ([kv_dim, n_ctx] in ggml
-/// order: position p's row at `p * kv_dim`). Keys are in panels of [`PANEL`]
-/// positions, each panel [PANEL, kv_dim]: component i of the panel's keys sits in eight
-/// consecutive floats, so the scores take one vector load per component for eight keys.
+/// One layer's keys and values, as f16 (as ggml's CPU cache and the GPU's hold them:
+/// half the bytes that generation at depth waits on). Values are position-major
+/// ([kv_dim, n_ctx] in ggml order: position p's row at `p * kv_dim`). Keys are in
+/// panels of [`PANEL`] positions, each panel [PANEL, kv_dim]: component i of the
+/// panel's keys sits in eight consecutive values, so the scores take one vector load
+/// per component for eight keys.
 pub struct KvCache {
-    k: Vec<f32>,
-    v: Vec<f32>,
+    k: Vec<u16>,
+    v: Vec<u16>,
     pub kv_dim: usize,
     pub n_ctx: usize,
 }
@@ -48,12 +51,12 @@ impl KvCache {
             .ok_or_else(|| Error::invalid("KV cache size overflows"))?;
         // A context too large for memory is an error, not an abort. The zeroed pages come
         // from the allocator lazily, so a large cache costs nothing until it is used.
-        let zeros = || -> Result<Vec<f32>> {
-            zeroed_f32(n).ok_or_else(|| {
+        let zeros = || -> Result<Vec<u16>> {
+            zeroed(n).ok_or_else(|| {
                 Error::invalid(format!(
                     "the KV cache for a context of {n_ctx} needs {} MiB per layer, more than \
                      this machine can allocate; lower -c",
-                    (n as u64 * 8) >> 20
+                    (n as u64 * 4) >> 20
                 ))
             })
         };
@@ -79,15 +82,17 @@ impl KvCache {
             let p = pos + t;
             let panel = &mut self.k[p / PANEL * PANEL * kd..][..PANEL * kd];
             for (i, x) in kt.iter().enumerate() {
-                panel[i * PANEL + p % PANEL] = *x;
+                panel[i * PANEL + p % PANEL] = f16::from_f32(*x).to_bits();
             }
         }
-        self.v[pos * kd..][..n].copy_from_slice(&v[..n]);
+        for (o, x) in self.v[pos * kd..][..n].iter_mut().zip(&v[..n]) {
+            *o = f16::from_f32(*x).to_bits();
+        }
         Ok(())
     }
 
-    /// Components `off .. off + len` of the keys of panel `i`, `PANEL` floats each.
-    fn key_panel(&self, i: usize, off: usize, len: usize) -> &[f32] {
+    /// Components `off .. off + len` of the keys of panel `i`, `PANEL` values each.
+    fn key_panel(&self, i: usize, off: usize, len: usize) -> &[u16] {
         &self.k[(i * self.kv_dim + off) * PANEL..][..len * PANEL]
     }
 }
@@ -338,7 +343,7 @@ impl Job<'_> {
     fn block(&self, it: &Item, j0: usize, nb: usize, w: &mut ItemScratch<'_>) {
         #[cfg(target_arch = "x86_64")]
         if self.wide {
-            // SAFETY: `wide` is only true when the CPU has AVX2 and FMA (`wide_vectors`).
+            // SAFETY: `wide` is only true when the CPU has AVX2, FMA and F16C (`wide_vectors`).
             unsafe {
                 self.scores_avx2(it, j0, nb, w.s);
                 self.softmax_avx2(it, j0, nb, w);
@@ -354,21 +359,21 @@ impl Job<'_> {
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline(never)]
     unsafe fn scores_avx2(&self, it: &Item, j0: usize, nb: usize, s: &mut [f32]) {
         self.scores::<true>(it, j0, nb, s)
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline(never)]
     unsafe fn softmax_avx2(&self, it: &Item, j0: usize, nb: usize, w: &mut ItemScratch<'_>) {
         self.softmax_block(it, j0, nb, w)
     }
 
     #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline(never)]
     unsafe fn values_avx2(&self, it: &Item, j0: usize, nb: usize, w: &mut ItemScratch<'_>) {
         self.weigh_values::<true>(it, j0, nb, w.s, w.acc)
@@ -473,8 +478,8 @@ impl Job<'_> {
         {
             use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
             let hd = self.a.head_dim as usize;
-            let ask = |s: &[f32]| {
-                for line in s.chunks(16) {
+            let ask = |s: &[u16]| {
+                for line in s.chunks(32) {
                     // SAFETY: a prefetch of a valid address; it never faults or writes.
                     unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8) };
                 }
@@ -640,13 +645,13 @@ fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
 #[inline(always)]
 fn score_tile<const F: bool, const R: usize>(
     q: &[&[f32]; R],
-    k: &[&[f32]; 2],
+    k: &[&[u16]; 2],
 ) -> [[[f32; PANEL]; 2]; R] {
     let hd = q[0].len();
     let mut acc = [[[0f32; PANEL]; 2]; R];
     for d in 0..hd {
-        let k0 = &k[0][d * PANEL..][..PANEL];
-        let k1 = &k[1][d * PANEL..][..PANEL];
+        let k0 = widen8::<F>(&k[0][d * PANEL..][..PANEL]);
+        let k1 = widen8::<F>(&k[1][d * PANEL..][..PANEL]);
         for (r, ar) in acc.iter_mut().enumerate() {
             let qd = q[r][d];
             for l in 0..PANEL {
@@ -662,7 +667,7 @@ fn score_tile<const F: bool, const R: usize>(
 #[inline(always)]
 fn pv_tile<const F: bool, const R: usize, const W: usize>(
     p: &[&[f32]; R],
-    v: &[f32],
+    v: &[u16],
     stride: usize,
     acc: &mut [f32],
     at: impl Fn(usize) -> usize,
@@ -670,7 +675,7 @@ fn pv_tile<const F: bool, const R: usize, const W: usize>(
     let nk = p[0].len();
     let mut a: [[f32; W]; R] = std::array::from_fn(|r| std::array::from_fn(|l| acc[at(r) + l]));
     for j in 0..nk {
-        let vr = &v[j * stride..][..W];
+        let vr = widen::<F, W>(&v[j * stride..][..W]);
         for (r, ar) in a.iter_mut().enumerate() {
             let pj = p[r][j];
             for l in 0..W {
@@ -681,6 +686,55 @@ fn pv_tile<const F: bool, const R: usize, const W: usize>(
     for (r, a) in a.iter().enumerate() {
         acc[at(r)..][..W].copy_from_slice(a);
     }
+}
+
+/// Eight f16 values as f32: one F16C instruction in the AVX2 build (`F` there), else
+/// [`f16_to_f32`] lane by lane, which the compiler vectorises.
+#[inline(always)]
+fn widen8<const F: bool>(h: &[u16]) -> [f32; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if F && h.len() >= 8 {
+        use std::arch::x86_64::{__m128i, _mm256_cvtph_ps, _mm_loadu_si128};
+        // SAFETY: eight values are in bounds (checked); `F` is only set in the build for
+        // CPUs with F16C (`wide_vectors`).
+        return unsafe {
+            std::mem::transmute::<std::arch::x86_64::__m256, [f32; 8]>(_mm256_cvtph_ps(
+                _mm_loadu_si128(h.as_ptr() as *const __m128i),
+            ))
+        };
+    }
+    std::array::from_fn(|i| f16_to_f32(h[i]))
+}
+
+/// W f16 values as f32, eight at a time where W allows.
+#[inline(always)]
+fn widen<const F: bool, const W: usize>(h: &[u16]) -> [f32; W] {
+    let mut out = [0f32; W];
+    let mut c = 0;
+    while c + 8 <= W {
+        out[c..c + 8].copy_from_slice(&widen8::<F>(&h[c..c + 8]));
+        c += 8;
+    }
+    for l in c..W {
+        out[l] = f16_to_f32(h[l]);
+    }
+    out
+}
+
+/// An f16 as f32 in integer and float arithmetic with no branch or table: the bits
+/// shifted into f32's places and scaled by 2^112 (which also makes subnormals normal),
+/// infinities and NaNs given f32's exponent.
+#[inline(always)]
+fn f16_to_f32(h: u16) -> f32 {
+    let h = h as u32;
+    let em = h & 0x7fff;
+    let v = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
+    let v = if em >= 0x7c00 {
+        f32::from_bits((em << 13) | 0x7f80_0000)
+    } else {
+        v
+    };
+    f32::from_bits(v.to_bits() | ((h & 0x8000) << 16))
 }
 
 /// The largest of `x`, in eight lanes (a running `max` over one value at a time is a
@@ -721,12 +775,15 @@ fn exp_sum(x: &mut [f32], mx: f32) -> f32 {
     sum + acc.iter().sum::<f32>()
 }
 
-/// Whether the AVX2 + FMA build of the item kernel can run here (the crate's baseline
-/// is SSE2, which halves the vector width and has no fused multiply-add).
+/// Whether the AVX2 + FMA + F16C build of the item kernel can run here (the crate's
+/// baseline is SSE2, which halves the vector width, has no fused multiply-add and
+/// converts f16 one value at a time).
 fn wide_vectors() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -772,6 +829,43 @@ mod tests {
                 assert!(s.n_items() >= 4 * nth, "{s:?}");
             }
         }
+    }
+
+    /// The cache's f16 reads equal `half`'s for every f16, subnormals, infinities and
+    /// NaNs included, in both the portable and the F16C build.
+    #[test]
+    fn f16_widening_is_exact() {
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let same = |a: f32, b: f32| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan());
+        for (i, &h) in all.iter().enumerate() {
+            let want = f16::from_bits(h).to_f32();
+            assert!(same(f16_to_f32(h), want), "{h:#06x}");
+            if i % 8 == 0 {
+                let w = widen8::<false>(&all[i..i + 8]);
+                let wide = wide_vectors();
+                let x = if wide {
+                    // SAFETY: the CPU has F16C (`wide_vectors`).
+                    unsafe { widen8_f16c(&all[i..i + 8]) }
+                } else {
+                    w
+                };
+                for l in 0..8 {
+                    let want = f16::from_bits(all[i + l]).to_f32();
+                    assert!(same(w[l], want) && same(x[l], want), "{:#06x}", all[i + l]);
+                }
+            }
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn widen8_f16c(h: &[u16]) -> [f32; 8] {
+        widen8::<true>(h)
+    }
+
+    #[cfg(not(target_arch = "x86_64"))]
+    unsafe fn widen8_f16c(h: &[u16]) -> [f32; 8] {
+        widen8::<true>(h)
     }
 
     /// The parts of a split run of keys cover it once, in whole panels.
