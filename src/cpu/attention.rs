@@ -193,8 +193,9 @@ enum Sink<'a, 'o> {
 }
 
 /// Keys per block: a block of K (and then of V) is read once for all of an item's rows
-/// while it sits in the second-level cache, 64 KiB of it (measured 3-9% faster on
-/// prompts and 10-14% on generation at depth than blocks of 32 KiB).
+/// while it sits in the second-level cache, 32 KiB of each in f16. (With the cache in
+/// f32, blocks of these many keys were 3-9% faster on prompts and 10-14% on generation
+/// at depth than blocks of half as many.)
 fn key_block(head_dim: usize) -> usize {
     (16384 / head_dim).clamp(2 * PANEL, 256) / (2 * PANEL) * (2 * PANEL)
 }
