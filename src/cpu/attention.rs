@@ -1,8 +1,8 @@
 //! Causal attention on the CPU and the KV cache it reads.
 //!
-//! The cache is position-major for both keys and values (`[kv_dim, n_ctx]` in ggml
-//! order: position p's row at `p * kv_dim`), so scores and the weighted sum both walk
-//! contiguous rows.
+//! The cache holds f16. Values are position-major (`[kv_dim, n_ctx]` in ggml order),
+//! so the weighted sum walks contiguous rows; keys sit in panels of eight positions,
+//! so the scores load one component of eight keys at a time (see [`KvCache`]).
 //!
 //! Work is cut into items of up to [`MAX_ROWS`] query rows that share a KV head: the
 //! heads of one GQA group times a few consecutive tokens. An item walks its keys in
