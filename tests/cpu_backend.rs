@@ -392,7 +392,7 @@ fn attention_matches_reference() {
             scale: 0.25,
         };
         let kv_dim = hd * n_head_kv as usize;
-        let mut cache = cattn::KvCache::new(kv_dim, n_ctx).unwrap();
+        let mut cache = wgllm::cpu::kv_cache::KvCache::new(kv_dim, n_ctx).unwrap();
         let scratch = cattn::AttnScratch::new(pool.n_threads());
         // GPU layouts for the reference: k [kv_dim, n_ctx], v transposed [n_ctx, kv_dim],
         // rounded to f16 as the cache holds them.

@@ -9,8 +9,9 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::act::ActType;
-use super::attention::{self, AttnScratch, KvCache};
+use super::attention::{self, AttnScratch};
 use super::dot::Isa;
+use super::kv_cache::KvCache;
 use super::matmul::{mul_mat_quantized, WeightView};
 use super::ops;
 use super::pool::Pool;

@@ -1,13 +1,14 @@
 //! Fast CPU kernels and the CPU backend: a persistent thread pool ([`pool`]), activation
 //! quantization ([`act`]), per-type SIMD dot products ([`dot`]), quantized matrix
 //! multiplication on the mapped weight blocks ([`matmul`]), the elementwise kernels
-//! ([`ops`]), attention and its KV cache ([`attention`]), and [`backend::CpuModel`], the
-//! graph run on the CPU.
+//! ([`ops`]), attention ([`attention`]) and its f16 KV cache ([`kv_cache`]), and
+//! [`backend::CpuModel`], the graph run on the CPU.
 
 pub mod act;
 pub mod attention;
 pub mod backend;
 pub mod dot;
+pub mod kv_cache;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
