@@ -263,8 +263,8 @@ impl Job<'_> {
         MAX_ROWS * (self.a.head_dim as usize + 2)
     }
 
-    /// The output row of an item's row r.
-    fn out_row(&self, it: &Item, r: usize) -> usize {
+    /// The row of q, and of the output, that an item's row r is.
+    fn row_index(&self, it: &Item, r: usize) -> usize {
         let nhi = it.heads.len();
         (it.tokens.start + r / nhi) * self.n_head + it.heads.start + r % nhi
     }
@@ -344,7 +344,7 @@ impl Job<'_> {
         for j0 in keys.clone().step_by(self.block) {
             let nb = (keys.end - j0).min(self.block);
             let next = j0 + nb;
-            self.prefetch(it, next, (keys.end - next.min(keys.end)).min(self.block));
+            self.prefetch(it, next, (keys.end - next).min(self.block));
             self.block(it, j0, nb, &mut w);
         }
         match sink {
@@ -353,7 +353,7 @@ impl Job<'_> {
                     // Every row sees at least its own position, so its sum is at least 1.
                     let inv = 1.0 / w.sum[r];
                     // SAFETY: each query row belongs to one item, and so its output row.
-                    let orow = unsafe { o.slice(self.out_row(it, r) * hd, hd) };
+                    let orow = unsafe { o.slice(self.row_index(it, r) * hd, hd) };
                     for (d, a) in orow.iter_mut().zip(&w.acc[r * hd..(r + 1) * hd]) {
                         *d = a * inv;
                     }
@@ -392,7 +392,7 @@ impl Job<'_> {
                     }
                 }
                 // SAFETY: no item runs any more; each row is written once.
-                let orow = unsafe { o.slice(self.out_row(&it, r) * hd, hd) };
+                let orow = unsafe { o.slice(self.row_index(&it, r) * hd, hd) };
                 for (d, a) in orow.iter_mut().zip(&row) {
                     *d = a / total;
                 }
@@ -430,9 +430,7 @@ impl Job<'_> {
     /// The query row r of an item.
     fn qrow(&self, it: &Item, r: usize) -> &[f32] {
         let hd = self.a.head_dim as usize;
-        let nhi = it.heads.len();
-        let row = (it.tokens.start + r / nhi) * self.n_head + it.heads.start + r % nhi;
-        &self.q[row * hd..][..hd]
+        &self.q[self.row_index(it, r) * hd..][..hd]
     }
 
     /// s[r * block + j] = scale * q_r . k_(j0 + j) for the item's rows and the block's

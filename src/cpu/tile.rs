@@ -467,12 +467,7 @@ impl Decode for Q6K {
         let hi = _mm256_and_si256(hi, _mm256_set1_epi8(3));
         let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
         let k = 8 * n + 2 * g;
-        let sc = _mm256_set_m128(_mm_set1_ps(h[k + 1]), _mm_set1_ps(h[k]));
-        Group {
-            q,
-            sc,
-            off: [-32.0 * h[k], -32.0 * h[k + 1]],
-        }
+        halves(q, [h[k], h[k + 1]], [-32.0 * h[k], -32.0 * h[k + 1]])
     }
 }
 
