@@ -1,6 +1,6 @@
 //! Throughput of the CPU matmul per weight type: GB/s of weight bytes streamed, at one
 //! token (generation) and 64 tokens (prompt processing), on the pool's threads.
-//! `cargo bench --bench cpu_kernels [-- THREADS]`; with `model` it times the CpuModel
+//! `cargo bench --bench cpu_kernels [-- THREADS] [big | shape=COLSxROWS] [batch=N]`; with `model` it times the CpuModel
 //! on the models in `models/` instead, as `llama-bench -p 64 -n 32` does (pp64: one
 //! batch of 64 tokens; tg32: 32 single-token steps), mean ± sd over the repetitions.
 
@@ -58,7 +58,16 @@ fn main() {
         "{:<6} {:>11} {:>6} {:>10} {:>9}",
         "type", "shape", "tokens", "ms/op", "GB/s"
     );
-    let shapes: &[(usize, usize)] = if std::env::args().any(|a| a == "big") {
+    // `shape=COLSxROWS` times one shape, `batch=N` batches of N tokens (64 unless told).
+    let arg = |key: &str| std::env::args().find_map(|a| a.strip_prefix(key).map(str::to_string));
+    let custom = arg("shape=").and_then(|s| {
+        let (c, r) = s.split_once('x')?;
+        Some([(c.parse().ok()?, r.parse().ok()?)])
+    });
+    let batch: usize = arg("batch=").and_then(|b| b.parse().ok()).unwrap_or(64);
+    let shapes: &[(usize, usize)] = if let Some(c) = &custom {
+        c
+    } else if std::env::args().any(|a| a == "big") {
         &[(4096, 32768)]
     } else {
         &[(576, 1536), (4096, 4096)]
@@ -90,7 +99,7 @@ fn main() {
                 n_cols,
                 n_rows,
             };
-            for n_tokens in [1usize, 64] {
+            for n_tokens in [1usize, batch] {
                 let at = ActType::for_weight(ty).unwrap();
                 let mut a = Vec::new();
                 quantize_rows(at, &values(n_cols * n_tokens, 2), n_cols, &mut a).unwrap();

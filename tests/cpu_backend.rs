@@ -192,7 +192,8 @@ fn matmul_matches_reference_at_awkward_shapes() {
 
 /// The tile kernels (rows x tokens in registers) against the row dots, which the dot
 /// test checks against the reference: batch sizes that leave every kind of edge tile,
-/// row counts that are not whole tiles, and rows of one and of many blocks.
+/// row counts that are not whole tiles, and rows of one and of many blocks, up to rows
+/// longer than one of the column chunks a batch decodes at a time (2048 values).
 #[test]
 fn tiled_matmul_matches_row_dots() {
     let mut rng = Rng::new(23);
@@ -201,12 +202,13 @@ fn tiled_matmul_matches_row_dots() {
     for ty in WEIGHT_TYPES {
         let at = ActType::for_weight(ty).unwrap();
         let cols: &[usize] = match ty.block_size() {
-            256 => &[256, 768],
-            32 => &[32, 160, 576],
+            256 => &[256, 768, 2304],
+            32 => &[32, 160, 576, 2080],
             _ => continue,
         };
         for &n_cols in cols {
-            for (n_rows, n_tokens) in [(1, 1), (5, 3), (9, 4), (13, 9), (64, 17), (38, 26)] {
+            for (n_rows, n_tokens) in [(1, 1), (5, 3), (9, 4), (13, 9), (64, 17), (38, 26), (7, 40)]
+            {
                 let mut wv = rng.vec(n_rows * n_cols, 1.0);
                 wv.iter_mut().step_by(7).for_each(|v| *v += 0.8);
                 let wq = quantized(ty, &wv);

@@ -1,0 +1,298 @@
+//! The batch kernel: one token per register lane. A row tile's weight groups are
+//! decoded once per column chunk ([`Decoded`]); then for each block of 16 tokens, each
+//! 4-byte piece of a row's group is broadcast to every lane and meets the same piece
+//! of the 16 tokens (laid side by side by the [`Plan`]) in one byte-dot instruction.
+//! After a group's eight pieces each lane holds one token's integer dot, and the group's
+//! scales and offsets are applied to 16 tokens at once.
+//!
+//! The per-lane-group kernels of [`super::kernel`] spend three float instructions (and
+//! a share of the decoding) per two tokens' partial dots; here they spend them per
+//! sixteen whole dots, so the byte products are most of the work.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::decode::{headers, Decode};
+use super::{Out, Plan, BLOCK};
+
+/// The vector width a blocked kernel runs in: `N` tokens per register.
+pub(super) trait Lanes {
+    const N: usize;
+    type I: Copy;
+    type F: Copy;
+    unsafe fn zero_i() -> Self::I;
+    unsafe fn zero_f() -> Self::F;
+    /// The 4 bytes at `p` in every lane.
+    unsafe fn splat4(p: *const u8) -> Self::I;
+    unsafe fn load_i(p: *const i8) -> Self::I;
+    /// `acc` plus, per lane, the sum of the 4 products of unsigned `u` and signed `s`.
+    unsafe fn dot(acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
+    unsafe fn load_f(p: *const f32) -> Self::F;
+    /// `acc + dot * d * sc`, lane by lane.
+    unsafe fn scaled(acc: Self::F, dot: Self::I, d: Self::F, sc: f32) -> Self::F;
+    /// `acc + off * s`, lane by lane.
+    unsafe fn offset(acc: Self::F, off: f32, s: Self::F) -> Self::F;
+    unsafe fn store(p: *mut f32, v: Self::F);
+}
+
+/// 512-bit registers with `vpdpbusd` (AVX-512 VNNI): 16 tokens per register.
+pub(super) struct Zmm;
+impl Lanes for Zmm {
+    const N: usize = 16;
+    type I = __m512i;
+    type F = __m512;
+    #[inline(always)]
+    unsafe fn zero_i() -> __m512i {
+        _mm512_setzero_si512()
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat4(p: *const u8) -> __m512i {
+        _mm512_set1_epi32((p as *const i32).read_unaligned())
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const i8) -> __m512i {
+        _mm512_loadu_si512(p as *const _)
+    }
+    #[inline(always)]
+    unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
+        _mm512_dpbusd_epi32(acc, u, s)
+    }
+    #[inline(always)]
+    unsafe fn load_f(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn scaled(acc: __m512, dot: __m512i, d: __m512, sc: f32) -> __m512 {
+        let f = _mm512_mul_ps(d, _mm512_set1_ps(sc));
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), f, acc)
+    }
+    #[inline(always)]
+    unsafe fn offset(acc: __m512, off: f32, s: __m512) -> __m512 {
+        _mm512_fmadd_ps(_mm512_set1_ps(off), s, acc)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+}
+
+/// 256-bit registers with `maddubs` + `madd` (AVX2): 8 tokens per register. Two
+/// products must fit an i16, which holds for the weight types AVX2 tiles (Q8_0 is not
+/// one of them).
+pub(super) struct Ymm;
+impl Lanes for Ymm {
+    const N: usize = 8;
+    type I = __m256i;
+    type F = __m256;
+    #[inline(always)]
+    unsafe fn zero_i() -> __m256i {
+        _mm256_setzero_si256()
+    }
+    #[inline(always)]
+    unsafe fn zero_f() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn splat4(p: *const u8) -> __m256i {
+        _mm256_set1_epi32((p as *const i32).read_unaligned())
+    }
+    #[inline(always)]
+    unsafe fn load_i(p: *const i8) -> __m256i {
+        _mm256_loadu_si256(p as *const _)
+    }
+    #[inline(always)]
+    unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+        let pairs = _mm256_maddubs_epi16(u, s);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn load_f(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn scaled(acc: __m256, dot: __m256i, d: __m256, sc: f32) -> __m256 {
+        let f = _mm256_mul_ps(d, _mm256_set1_ps(sc));
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), f, acc)
+    }
+    #[inline(always)]
+    unsafe fn offset(acc: __m256, off: f32, s: __m256) -> __m256 {
+        _mm256_fmadd_ps(_mm256_set1_ps(off), s, acc)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        _mm256_storeu_ps(p, v)
+    }
+}
+
+/// Groups per column chunk of [`Decoded`] (2048 columns): four rows' decoded chunk
+/// (12 KiB) stays in L1 beside the activations streaming past it.
+const CHUNK_GROUPS: usize = 64;
+
+/// R rows' groups over one chunk of columns, decoded once for every token block: the
+/// 32 bytes `q`, the scale of each 16-value half and the offset of each half.
+struct Decoded<const R: usize> {
+    q: [[[u8; 32]; R]; CHUNK_GROUPS],
+    sc: [[[f32; 2]; R]; CHUNK_GROUPS],
+    off: [[[f32; 2]; R]; CHUNK_GROUPS],
+}
+
+impl<const R: usize> Decoded<R> {
+    fn new() -> Self {
+        Decoded {
+            q: [[[0; 32]; R]; CHUNK_GROUPS],
+            sc: [[[0.0; 2]; R]; CHUNK_GROUPS],
+            off: [[[0.0; 2]; R]; CHUNK_GROUPS],
+        }
+    }
+
+    /// Decodes blocks `blocks` of the R rows at `w` (`rb` bytes apart); group j of the
+    /// chunk's block i goes to slot `i * D::GROUPS + j`.
+    #[inline(always)]
+    unsafe fn fill<D: Decode>(&mut self, w: *const u8, rb: usize, blocks: Range<usize>) {
+        let b0 = blocks.start;
+        for b in blocks {
+            let hdr = headers::<D, R>(w, rb, b);
+            for j in 0..D::GROUPS {
+                let k = (b - b0) * D::GROUPS + j;
+                for (r, h) in hdr.iter().enumerate() {
+                    let g = D::group(w.add(r * rb + b * D::BYTES), h, j);
+                    _mm256_storeu_si256(self.q[k][r].as_mut_ptr() as *mut __m256i, g.q);
+                    let mut sc = [0f32; 8];
+                    _mm256_storeu_ps(sc.as_mut_ptr(), g.sc);
+                    self.sc[k][r] = [sc[0], sc[4]];
+                    self.off[k][r] = g.off;
+                }
+            }
+        }
+    }
+}
+
+/// The tile of R rows (from r0) by one block of 16 tokens (from t0) over the chunk's
+/// first `n_groups` groups, which start at group g0 of the row; stored into `out`, or
+/// added to it with `add`. NB = 16 / L::N registers per row.
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
+    dec: &Decoded<R>,
+    g0: usize,
+    n_groups: usize,
+    p: &Plan,
+    r0: usize,
+    t0: usize,
+    out: Out,
+    add: bool,
+) {
+    const { assert!(NB * L::N == BLOCK) };
+    let ng = p.n_cols / 32;
+    let mut acc = [[L::zero_f(); NB]; R];
+    let a_block = p.qt.as_ptr().add(t0 / BLOCK * ng * 32 * BLOCK);
+    for k in 0..n_groups {
+        let g = g0 + k;
+        let a_grp = a_block.add(g * 32 * BLOCK);
+        // Integer dots of the first and (for types scaled per 16 values) last 16 values.
+        let mut lo = [[L::zero_i(); NB]; R];
+        let mut hi = [[L::zero_i(); NB]; R];
+        for c in 0..8 {
+            let mut a = [L::zero_i(); NB];
+            for n in 0..NB {
+                a[n] = L::load_i(a_grp.add(c * 4 * BLOCK + n * 4 * L::N));
+            }
+            for r in 0..R {
+                let wq = L::splat4(dec.q[k][r].as_ptr().add(4 * c));
+                for n in 0..NB {
+                    if D::HALVES && c >= 4 {
+                        hi[r][n] = L::dot(hi[r][n], wq, a[n]);
+                    } else {
+                        lo[r][n] = L::dot(lo[r][n], wq, a[n]);
+                    }
+                }
+            }
+        }
+        let at = g * p.stride + t0;
+        for n in 0..NB {
+            let d = L::load_f(p.d.as_ptr().add(at + n * L::N));
+            for r in 0..R {
+                let (sc, off) = (dec.sc[k][r], dec.off[k][r]);
+                acc[r][n] = L::scaled(acc[r][n], lo[r][n], d, sc[0]);
+                if D::HALVES {
+                    acc[r][n] = L::scaled(acc[r][n], hi[r][n], d, sc[1]);
+                    let s16 = p.s16.as_ptr().add(2 * g * p.stride + t0 + n * L::N);
+                    acc[r][n] = L::offset(acc[r][n], off[0], L::load_f(s16));
+                    acc[r][n] = L::offset(acc[r][n], off[1], L::load_f(s16.add(p.stride)));
+                } else {
+                    let s = L::load_f(p.s.as_ptr().add(at + n * L::N));
+                    acc[r][n] = L::offset(acc[r][n], off[0], s);
+                }
+            }
+        }
+    }
+    let valid = (p.n_tokens - t0).min(BLOCK);
+    for r in 0..R {
+        let mut v = [0f32; BLOCK];
+        for n in 0..NB {
+            L::store(v.as_mut_ptr().add(n * L::N), acc[r][n]);
+        }
+        for (t, &v) in v.iter().enumerate().take(valid) {
+            let y = out.y.add((t0 + t) * out.ld + r0 + r);
+            *y = if add { *y + v } else { v };
+        }
+    }
+}
+
+/// Rows `rows` of the matrix at `w` (rows `rb` bytes apart, `nb` blocks each) times
+/// every token of the blocked plan `p`: tiles of R rows, then single rows at the end.
+#[inline(always)]
+pub(super) unsafe fn rows_times_blocks<D: Decode, L: Lanes, const R: usize, const NB: usize>(
+    w: &[u8],
+    rb: usize,
+    nb: usize,
+    p: &Plan,
+    rows: Range<usize>,
+    out: Out,
+) {
+    let mut r = rows.start;
+    if r + R <= rows.end {
+        let mut dec = Decoded::<R>::new();
+        while r + R <= rows.end {
+            row_tile::<D, L, R, NB>(&mut dec, w.as_ptr().add(r * rb), rb, nb, p, r, out);
+            r += R;
+        }
+    }
+    if r < rows.end {
+        let mut dec = Decoded::<1>::new();
+        while r < rows.end {
+            row_tile::<D, L, 1, NB>(&mut dec, w.as_ptr().add(r * rb), rb, nb, p, r, out);
+            r += 1;
+        }
+    }
+}
+
+/// R rows from row r0 (at `w`) times every token block of `p`, a column chunk at a time.
+#[inline(always)]
+unsafe fn row_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
+    dec: &mut Decoded<R>,
+    w: *const u8,
+    rb: usize,
+    nb: usize,
+    p: &Plan,
+    r0: usize,
+    out: Out,
+) {
+    let per_chunk = CHUNK_GROUPS / D::GROUPS;
+    let mut b0 = 0;
+    while b0 < nb {
+        let b1 = nb.min(b0 + per_chunk);
+        dec.fill::<D>(w, rb, b0..b1);
+        let (g0, n_groups) = (b0 * D::GROUPS, (b1 - b0) * D::GROUPS);
+        let mut t0 = 0;
+        while t0 < p.n_tokens {
+            block_tile::<D, L, R, NB>(dec, g0, n_groups, p, r0, t0, out, b0 > 0);
+            t0 += BLOCK;
+        }
+        b0 = b1;
+    }
+}

@@ -1,0 +1,353 @@
+//! Weight blocks decoded to the tile kernels' common shape: groups of 32 unsigned bytes
+//! `q` with a per-lane scale and a per-half offset, `w = scale * q + offset` (see the
+//! module docs of [`super`]). One [`Decode`] per weight type.
+
+use std::arch::x86_64::*;
+
+use crate::cpu::dot::avx2::{bits_to_bytes, f16_at, load, nibbles};
+use crate::quant::kquant::scale_min_k4;
+
+/// One decoded group: `w = sc * q + off` (per half for `off`).
+#[derive(Clone, Copy)]
+pub(super) struct Group {
+    pub q: __m256i,
+    pub sc: __m256,
+    pub off: [f32; 2],
+}
+
+/// A weight type's blocks, seen as groups of 32.
+pub(super) trait Decode {
+    const BYTES: usize;
+    const GROUPS: usize;
+    /// Offsets differ between the halves of a group (Q6_K's 16-value sub-blocks).
+    const HALVES: bool = false;
+    /// What a block's groups share, decoded once per block.
+    type Hdr: Copy;
+    const ZERO: Self::Hdr;
+    unsafe fn hdr(b: *const u8) -> Self::Hdr;
+    unsafe fn group(b: *const u8, h: &Self::Hdr, j: usize) -> Group;
+}
+
+/// Bit i of `x` as byte i: 0x10 when set, 0 when clear.
+#[inline(always)]
+unsafe fn fifth_bits(x: u32) -> __m256i {
+    _mm256_and_si256(bits_to_bytes(x), _mm256_set1_epi8(0x10))
+}
+
+#[inline(always)]
+unsafe fn u32_at(p: *const u8) -> u32 {
+    (p as *const u32).read_unaligned()
+}
+
+#[inline(always)]
+fn simple(q: __m256i, d: f32, off: f32) -> Group {
+    // SAFETY: plain register broadcast, available wherever the kernels run.
+    let sc = unsafe { _mm256_set1_ps(d) };
+    Group {
+        q,
+        sc,
+        off: [off, off],
+    }
+}
+
+pub(super) struct Q4_0;
+impl Decode for Q4_0 {
+    const BYTES: usize = 18;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        let d = f16_at(b);
+        simple(nibbles(b.add(2)), d, -8.0 * d)
+    }
+}
+
+pub(super) struct Q4_1;
+impl Decode for Q4_1 {
+    const BYTES: usize = 20;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        simple(nibbles(b.add(4)), f16_at(b), f16_at(b.add(2)))
+    }
+}
+
+pub(super) struct Q5_0;
+impl Decode for Q5_0 {
+    const BYTES: usize = 22;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        let d = f16_at(b);
+        let q = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(u32_at(b.add(2))));
+        simple(q, d, -16.0 * d)
+    }
+}
+
+pub(super) struct Q5_1;
+impl Decode for Q5_1 {
+    const BYTES: usize = 24;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        let q = _mm256_or_si256(nibbles(b.add(8)), fifth_bits(u32_at(b.add(4))));
+        simple(q, f16_at(b), f16_at(b.add(2)))
+    }
+}
+
+/// Q8_0 as unsigned bytes: q + 128, offset by -128 d (VNNI only: two such products
+/// overflow the i16 of `maddubs`).
+pub(super) struct Q8_0;
+impl Decode for Q8_0 {
+    const BYTES: usize = 34;
+    const GROUPS: usize = 1;
+    type Hdr = ();
+    const ZERO: () = ();
+    #[inline(always)]
+    unsafe fn hdr(_: *const u8) {}
+    #[inline(always)]
+    unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
+        let d = f16_at(b);
+        let q = _mm256_xor_si256(load(b.add(2)), _mm256_set1_epi8(0x80u8 as i8));
+        simple(q, d, -128.0 * d)
+    }
+}
+
+/// Q4_K and Q5_K: d, dmin, 12 bytes of 6-bit scales and mins, per group of 32.
+#[derive(Clone, Copy)]
+pub(super) struct KHdr {
+    sc: [f32; 8],
+    mn: [f32; 8],
+}
+
+#[inline(always)]
+unsafe fn k4_hdr(b: *const u8) -> KHdr {
+    let mut raw = [0u8; 12];
+    std::ptr::copy_nonoverlapping(b.add(4), raw.as_mut_ptr(), 12);
+    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+    let mut h = KHdr {
+        sc: [0.0; 8],
+        mn: [0.0; 8],
+    };
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, &raw);
+        h.sc[j] = d * s as f32;
+        h.mn[j] = -dmin * m as f32;
+    }
+    h
+}
+
+/// The 32 nibbles of group j of a Q4_K/Q5_K block whose quants start at `qs`: groups
+/// 2i and 2i + 1 are the low and high nibbles of the same 32 bytes.
+#[inline(always)]
+unsafe fn k_nibbles(qs: *const u8, j: usize) -> __m256i {
+    let q = load(qs.add(32 * (j / 2)));
+    let q = if j % 2 == 1 {
+        _mm256_srli_epi16(q, 4)
+    } else {
+        q
+    };
+    _mm256_and_si256(q, _mm256_set1_epi8(0x0f))
+}
+
+pub(super) struct Q4K;
+impl Decode for Q4K {
+    const BYTES: usize = 144;
+    const GROUPS: usize = 8;
+    type Hdr = KHdr;
+    const ZERO: KHdr = KHdr {
+        sc: [0.0; 8],
+        mn: [0.0; 8],
+    };
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> KHdr {
+        k4_hdr(b)
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &KHdr, j: usize) -> Group {
+        simple(k_nibbles(b.add(16), j), h.sc[j], h.mn[j])
+    }
+}
+
+pub(super) struct Q5K;
+impl Decode for Q5K {
+    const BYTES: usize = 176;
+    const GROUPS: usize = 8;
+    type Hdr = KHdr;
+    const ZERO: KHdr = KHdr {
+        sc: [0.0; 8],
+        mn: [0.0; 8],
+    };
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> KHdr {
+        k4_hdr(b)
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &KHdr, j: usize) -> Group {
+        let q = _mm256_or_si256(k_nibbles(b.add(48), j), mask_bit::<4>(b.add(16), j));
+        simple(q, h.sc[j], h.mn[j])
+    }
+}
+
+/// Bit j of each of the 32 bytes at `p`, moved to bit `TO` (Q5_K's and Q3_K's high bits).
+#[inline(always)]
+unsafe fn mask_bit<const TO: i32>(p: *const u8, j: usize) -> __m256i {
+    let hb = _mm256_and_si256(load(p), _mm256_set1_epi8((1u8 << j) as i8));
+    _mm256_slli_epi16(_mm256_min_epu8(hb, _mm256_set1_epi8(1)), TO)
+}
+
+/// The 2-bit field k of the 32 bytes at `p` (bits 2k..2k + 2 of each byte): Q2_K's and
+/// Q3_K's quants, where value 32 k + l of each 128 is field k of byte l.
+#[inline(always)]
+unsafe fn crumbs(p: *const u8, k: usize) -> __m256i {
+    let q = _mm256_srl_epi16(load(p), _mm_cvtsi32_si128(2 * k as i32));
+    _mm256_and_si256(q, _mm256_set1_epi8(3))
+}
+
+/// A group's two 16-value halves: per-lane scales and per-half offsets.
+#[inline(always)]
+fn halves(q: __m256i, sc: [f32; 2], off: [f32; 2]) -> Group {
+    // SAFETY: plain register broadcasts, available wherever the kernels run.
+    let sc = unsafe { _mm256_set_m128(_mm_set1_ps(sc[1]), _mm_set1_ps(sc[0])) };
+    Group { q, sc, off }
+}
+
+/// Q2_K: scales[16] (4-bit scale and min per 16 values), qs[64], f16 d, f16 dmin.
+pub(super) struct Q2K;
+impl Decode for Q2K {
+    const BYTES: usize = 84;
+    const GROUPS: usize = 8;
+    const HALVES: bool = true;
+    /// Per 16 values: the scale, then the offset (minus the min).
+    type Hdr = [[f32; 16]; 2];
+    const ZERO: [[f32; 16]; 2] = [[0.0; 16]; 2];
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> [[f32; 16]; 2] {
+        let (d, dmin) = (f16_at(b.add(80)), f16_at(b.add(82)));
+        let s = |k: usize| *b.add(k);
+        [
+            std::array::from_fn(|k| d * (s(k) & 0x0f) as f32),
+            std::array::from_fn(|k| -dmin * (s(k) >> 4) as f32),
+        ]
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &[[f32; 16]; 2], j: usize) -> Group {
+        let q = crumbs(b.add(16 + 32 * (j / 4)), j % 4);
+        let k = 2 * j;
+        halves(q, [h[0][k], h[0][k + 1]], [h[1][k], h[1][k + 1]])
+    }
+}
+
+/// Q3_K: hmask[32], qs[64], 6-bit scales[12], f16 d; value q - 4 where q holds the two
+/// low bits and the high-mask bit as its third.
+pub(super) struct Q3K;
+impl Decode for Q3K {
+    const BYTES: usize = 110;
+    const GROUPS: usize = 8;
+    const HALVES: bool = true;
+    type Hdr = [f32; 16];
+    const ZERO: [f32; 16] = [0.0; 16];
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> [f32; 16] {
+        let d = f16_at(b.add(108));
+        let sc = b.add(96);
+        std::array::from_fn(|k| {
+            let low = if k < 8 {
+                *sc.add(k) & 0x0f
+            } else {
+                *sc.add(k - 8) >> 4
+            };
+            let high = (*sc.add(8 + k % 4) >> (2 * (k / 4))) & 3;
+            d * ((low | (high << 4)) as i8 - 32) as f32
+        })
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &[f32; 16], j: usize) -> Group {
+        let q = _mm256_or_si256(crumbs(b.add(32 + 32 * (j / 4)), j % 4), mask_bit::<2>(b, j));
+        let k = 2 * j;
+        halves(q, [h[k], h[k + 1]], [-4.0 * h[k], -4.0 * h[k + 1]])
+    }
+}
+
+/// Q6_K: ql[128], qh[64], i8 scales[16], f16 d; values stored plus 32, a scale per 16.
+pub(super) struct Q6K;
+impl Decode for Q6K {
+    const BYTES: usize = 210;
+    const GROUPS: usize = 8;
+    const HALVES: bool = true;
+    type Hdr = [f32; 16];
+    const ZERO: [f32; 16] = [0.0; 16];
+    #[inline(always)]
+    unsafe fn hdr(b: *const u8) -> [f32; 16] {
+        let d = f16_at(b.add(208));
+        let mut s = [0.0; 16];
+        for (k, s) in s.iter_mut().enumerate() {
+            *s = d * *b.add(192 + k) as i8 as f32;
+        }
+        s
+    }
+    #[inline(always)]
+    unsafe fn group(b: *const u8, h: &[f32; 16], j: usize) -> Group {
+        // Group j = 4n + g covers values 128n + 32g ..; see ggml's dequantize_row_q6_K.
+        let (n, g) = (j / 4, j % 4);
+        let ql = load(b.add(64 * n + 32 * (g % 2)));
+        let lo = if g >= 2 { _mm256_srli_epi16(ql, 4) } else { ql };
+        let lo = _mm256_and_si256(lo, _mm256_set1_epi8(0x0f));
+        let qh = load(b.add(128 + 32 * n));
+        let hi = match g {
+            0 => qh,
+            1 => _mm256_srli_epi16(qh, 2),
+            2 => _mm256_srli_epi16(qh, 4),
+            _ => _mm256_srli_epi16(qh, 6),
+        };
+        let hi = _mm256_and_si256(hi, _mm256_set1_epi8(3));
+        let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        let k = 8 * n + 2 * g;
+        halves(q, [h[k], h[k + 1]], [-32.0 * h[k], -32.0 * h[k + 1]])
+    }
+}
+
+/// Block b's headers for R rows (at `w`, `rb` bytes apart), and the next tile's weights
+/// asked for ahead: weights stream from memory once per token, and the hardware
+/// prefetcher alone leaves the kernels waiting on loads (it follows the tile's R
+/// streams poorly, each a row long). A tile's rows lie one after another and the next
+/// tile's right after them, so each block's step asks for the same share of the next
+/// tile's bytes that it reads of this one: a tile ahead, whatever the rows' length.
+/// (A fixed distance ahead within each row, as before, lands on lines the tile is
+/// already reading where rows are short, as Gemma's 640-wide output head's: that put
+/// Gemma 3's generation at 51 t/s against 94-98, an 8B shape's at 2.5-2.8 against
+/// 4.1-4.3.) Plain loops, not closures, in this and the kernels: a closure would not
+/// inherit the caller's target features and the intrinsics in it would not be inlined.
+#[inline(always)]
+pub(super) unsafe fn headers<D: Decode, const R: usize>(
+    w: *const u8,
+    rb: usize,
+    b: usize,
+) -> [D::Hdr; R] {
+    let mut hdr = [D::ZERO; R];
+    for (r, h) in hdr.iter_mut().enumerate() {
+        *h = D::hdr(w.add(r * rb + b * D::BYTES));
+    }
+    // Wrapping: the address may lie past the matrix's end; a prefetch never faults.
+    let step = R * D::BYTES;
+    let next = w.wrapping_add(R * rb + b * step);
+    for k in (0..step).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(k) as *const i8);
+    }
+    hdr
+}
