@@ -58,13 +58,18 @@ fn main() {
         "{:<6} {:>11} {:>6} {:>10} {:>9}",
         "type", "shape", "tokens", "ms/op", "GB/s"
     );
-    // `shape=COLSxROWS` times one shape, `batch=N` batches of N tokens (64 unless told).
+    // `shape=COLSxROWS` times one shape, `batch=N` only batches of N tokens.
     let arg = |key: &str| std::env::args().find_map(|a| a.strip_prefix(key).map(str::to_string));
     let custom = arg("shape=").and_then(|s| {
         let (c, r) = s.split_once('x')?;
         Some([(c.parse().ok()?, r.parse().ok()?)])
     });
-    let batch: usize = arg("batch=").and_then(|b| b.parse().ok()).unwrap_or(64);
+    let batch: Option<usize> = arg("batch=").and_then(|b| b.parse().ok());
+    // One token and a batch of 64, or only the batch asked for.
+    let token_counts = match batch {
+        Some(n) => vec![n],
+        None => vec![1, 64],
+    };
     let shapes: &[(usize, usize)] = if let Some(c) = &custom {
         c
     } else if std::env::args().any(|a| a == "big") {
@@ -99,7 +104,7 @@ fn main() {
                 n_cols,
                 n_rows,
             };
-            for n_tokens in [1usize, batch] {
+            for &n_tokens in &token_counts {
                 let at = ActType::for_weight(ty).unwrap();
                 let mut a = Vec::new();
                 quantize_rows(at, &values(n_cols * n_tokens, 2), n_cols, &mut a).unwrap();

@@ -171,9 +171,9 @@ impl<const R: usize> Decoded<R> {
     }
 }
 
-/// The tile of R rows (from r0) by one block of 16 tokens (from t0) over the chunk's
-/// first `n_groups` groups, which start at group g0 of the row; stored into `out`, or
-/// added to it with `add`. NB = 16 / L::N registers per row.
+/// The tile of R rows (from r0) by NB registers of tokens (from t0, a whole number of
+/// blocks) over the chunk's first `n_groups` groups, which start at group g0 of the row;
+/// stored into `out`, or added to it with `add`.
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
@@ -186,20 +186,26 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
     out: Out,
     add: bool,
 ) {
-    const { assert!(NB * L::N == BLOCK) };
+    const { assert!(NB * L::N % BLOCK == 0 && NB * L::N <= 64) };
     let ng = p.n_cols / 32;
     let mut acc = [[L::zero_f(); NB]; R];
-    let a_block = p.qt.as_ptr().add(t0 / BLOCK * ng * 32 * BLOCK);
+    // Register n's tokens: their block's groups, then their place in the block.
+    let mut a_reg = [std::ptr::null::<i8>(); NB];
+    for n in 0..NB {
+        let t = t0 + n * L::N;
+        a_reg[n] =
+            p.qt.as_ptr()
+                .add((t / BLOCK * ng) * 32 * BLOCK + t % BLOCK * 4);
+    }
     for k in 0..n_groups {
         let g = g0 + k;
-        let a_grp = a_block.add(g * 32 * BLOCK);
         // Integer dots of the first and (for types scaled per 16 values) last 16 values.
         let mut lo = [[L::zero_i(); NB]; R];
         let mut hi = [[L::zero_i(); NB]; R];
         for c in 0..8 {
             let mut a = [L::zero_i(); NB];
             for n in 0..NB {
-                a[n] = L::load_i(a_grp.add(c * 4 * BLOCK + n * 4 * L::N));
+                a[n] = L::load_i(a_reg[n].add(g * 32 * BLOCK + c * 4 * BLOCK));
             }
             for r in 0..R {
                 let wq = L::splat4(dec.q[k][r].as_ptr().add(4 * c));
@@ -230,9 +236,9 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
             }
         }
     }
-    let valid = (p.n_tokens - t0).min(BLOCK);
+    let valid = (p.n_tokens - t0).min(NB * L::N);
     for r in 0..R {
-        let mut v = [0f32; BLOCK];
+        let mut v = [0f32; 64];
         for n in 0..NB {
             L::store(v.as_mut_ptr().add(n * L::N), acc[r][n]);
         }
@@ -246,7 +252,13 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
 /// Rows `rows` of the matrix at `w` (rows `rb` bytes apart, `nb` blocks each) times
 /// every token of the blocked plan `p`: tiles of R rows, then single rows at the end.
 #[inline(always)]
-pub(super) unsafe fn rows_times_blocks<D: Decode, L: Lanes, const R: usize, const NB: usize>(
+pub(super) unsafe fn rows_times_blocks<
+    D: Decode,
+    L: Lanes,
+    const R: usize,
+    const NB: usize,
+    const NB1: usize,
+>(
     w: &[u8],
     rb: usize,
     nb: usize,
@@ -254,26 +266,50 @@ pub(super) unsafe fn rows_times_blocks<D: Decode, L: Lanes, const R: usize, cons
     rows: Range<usize>,
     out: Out,
 ) {
+    // The tiles write to a buffer of this call's rows, [token][row]: written into `out`
+    // directly, a tile's 16 tokens are 16 lines a whole output row apart, which for
+    // wide matrices share one L1 set and miss on every store (a third of the time).
+    let len = rows.len();
+    let mut buf = YBUF.take();
+    buf.clear();
+    buf.resize(len * p.n_tokens, 0.0);
+    let local = Out {
+        y: buf.as_mut_ptr(),
+        ld: len,
+    };
     let mut r = rows.start;
     if r + R <= rows.end {
         let mut dec = Decoded::<R>::new();
         while r + R <= rows.end {
-            row_tile::<D, L, R, NB>(&mut dec, w.as_ptr().add(r * rb), rb, nb, p, r, out);
+            let (wr, r0) = (w.as_ptr().add(r * rb), r - rows.start);
+            row_tile::<D, L, R, NB, NB1>(&mut dec, wr, rb, nb, p, r0, local);
             r += R;
         }
     }
     if r < rows.end {
         let mut dec = Decoded::<1>::new();
         while r < rows.end {
-            row_tile::<D, L, 1, NB>(&mut dec, w.as_ptr().add(r * rb), rb, nb, p, r, out);
+            let (wr, r0) = (w.as_ptr().add(r * rb), r - rows.start);
+            row_tile::<D, L, 1, NB, NB1>(&mut dec, wr, rb, nb, p, r0, local);
             r += 1;
         }
     }
+    for t in 0..p.n_tokens {
+        let dst = out.y.add(t * out.ld + rows.start);
+        std::ptr::copy_nonoverlapping(buf.as_ptr().add(t * len), dst, len);
+    }
+    YBUF.set(buf);
 }
 
-/// R rows from row r0 (at `w`) times every token block of `p`, a column chunk at a time.
+thread_local! {
+    /// [`rows_times_blocks`]'s output buffer, kept for its memory.
+    static YBUF: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// R rows from row r0 (at `w`) times every token block of `p`, a column chunk at a time:
+/// NB registers of tokens per tile, then NB1 (one block) for the last.
 #[inline(always)]
-unsafe fn row_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
+unsafe fn row_tile<D: Decode, L: Lanes, const R: usize, const NB: usize, const NB1: usize>(
     dec: &mut Decoded<R>,
     w: *const u8,
     rb: usize,
@@ -288,9 +324,14 @@ unsafe fn row_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
         let b1 = nb.min(b0 + per_chunk);
         dec.fill::<D>(w, rb, b0..b1);
         let (g0, n_groups) = (b0 * D::GROUPS, (b1 - b0) * D::GROUPS);
+        let (wide, add) = (NB * L::N, b0 > 0);
         let mut t0 = 0;
+        while t0 + wide <= p.n_tokens.div_ceil(BLOCK) * BLOCK {
+            block_tile::<D, L, R, NB>(dec, g0, n_groups, p, r0, t0, out, add);
+            t0 += wide;
+        }
         while t0 < p.n_tokens {
-            block_tile::<D, L, R, NB>(dec, g0, n_groups, p, r0, t0, out, b0 > 0);
+            block_tile::<D, L, R, NB1>(dec, g0, n_groups, p, r0, t0, out, add);
             t0 += BLOCK;
         }
         b0 = b1;

@@ -221,14 +221,14 @@ impl Flavor {
 
 macro_rules! entry {
     ($name:ident, $feat:literal, $u:ty, $d:ty, $rt:literal, $tt:literal, $tp:literal,
-     $lanes:ty, $br:literal) => {
+     $lanes:ty, $br:literal, $bn:literal) => {
         #[target_feature(enable = $feat)]
         unsafe fn $name(w: &[u8], rb: usize, p: &Plan, rows: std::ops::Range<usize>, out: Out) {
             // Never more blocks than both the weight row and the activations hold.
             let nb = (p.n_cols / 32 / <$d>::GROUPS).min(rb / <$d>::BYTES);
             let rows = rows.start..rows.end.min(w.len() / rb.max(1));
             if p.blocked {
-                rows_times_blocks::<$d, $lanes, $br, { BLOCK / <$lanes>::N }>(
+                rows_times_blocks::<$d, $lanes, $br, $bn, { BLOCK / <$lanes>::N }>(
                     w, rb, nb, p, rows, out,
                 )
             } else if p.n_tokens < $tt {
@@ -249,9 +249,9 @@ macro_rules! flavors {
             // pairs (measured 4% faster than 3 x 8, and 15% faster than the 256-bit
             // 3 x 8 it replaced). Blocked batches: 2 rows (AVX2) or 4 (AVX-512) by 16
             // tokens, a row's integer and float accumulators in registers.
-            entry!($a, "avx2,fma,f16c", Avx2, $d, 4, 2, 0, Ymm, 2);
+            entry!($a, "avx2,fma,f16c", Avx2, $d, 4, 2, 0, Ymm, 2, 2);
             entry!($v, "avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512vnni", Vnni, $d, 4, 8, 4,
-                Zmm, 4);
+                Zmm, 4, 2);
         )*
     };
 }
