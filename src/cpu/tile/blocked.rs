@@ -270,9 +270,11 @@ pub(super) unsafe fn rows_times_blocks<
     // directly, a tile's 16 tokens are 16 lines a whole output row apart, which for
     // wide matrices share one L1 set and miss on every store (a third of the time).
     let len = rows.len();
+    // Every value is stored before it is read back, so the buffer only ever grows.
     let mut buf = YBUF.take();
-    buf.clear();
-    buf.resize(len * p.n_tokens, 0.0);
+    if buf.len() < len * p.n_tokens {
+        buf.resize(len * p.n_tokens, 0.0);
+    }
     let local = Out {
         y: buf.as_mut_ptr(),
         ld: len,

@@ -76,6 +76,11 @@ impl Plan {
         self.act
     }
 
+    /// Planned in blocks of [`BLOCK`] tokens, for the batch kernel.
+    pub fn blocked(&self) -> bool {
+        self.blocked
+    }
+
     /// Fills the plan from `n_tokens` rows of `at` blocks for rows of `n_cols` values.
     pub fn build(&mut self, at: ActType, a: &[u8], n_cols: usize, n_tokens: usize) -> Result<()> {
         let arb = at.row_bytes(n_cols);
