@@ -102,17 +102,15 @@ impl Plan {
         } else {
             (n_cols * n_tokens, 0)
         };
-        self.qs.clear();
-        self.qs.resize(qs, 0);
-        self.qt.clear();
-        self.qt.resize(qt, 0);
-        for v in [&mut self.d, &mut self.s] {
-            v.clear();
-            v.resize(ng * stride, 0.0);
-        }
-        self.s16.clear();
+        // Every value a kernel keeps is written below; the lanes of the tokens that pad
+        // a block are computed but never stored. So the buffers only grow, and what an
+        // earlier plan left in them is harmless (clearing them was 1% of a prompt).
+        grow(&mut self.qs, qs);
+        grow(&mut self.qt, qt);
+        grow(&mut self.d, ng * stride);
+        grow(&mut self.s, ng * stride);
         if at == ActType::Q8_K {
-            self.s16.resize(2 * ng * stride, 0.0);
+            grow(&mut self.s16, 2 * ng * stride);
         }
         for (t, row) in a.chunks_exact(arb).take(n_tokens).enumerate() {
             match at {
@@ -175,6 +173,13 @@ impl Plan {
                 self.s16[(2 * g + 1) * self.stride + t] = d * bsum(2 * j + 1);
             }
         }
+    }
+}
+
+/// `v` made at least `n` long.
+fn grow<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
+    if v.len() < n {
+        v.resize(n, T::default());
     }
 }
 
