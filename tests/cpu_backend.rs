@@ -344,20 +344,25 @@ fn fast_exp_is_accurate() {
 #[test]
 fn glu_and_add_match_reference() {
     let mut rng = Rng::new(9);
-    let (g, u) = (rng.vec(1000, 4.0), rng.vec(1000, 1.0));
-    for act in [Activation::Silu, Activation::GeluTanh] {
-        let mut want = vec![0.0; 1000];
-        wgllm::ops::glu::reference(&g, &u, &mut want, act);
-        let mut got = vec![0.0; 1000];
-        cops::glu(&g, &u, &mut got, act);
-        // The CPU's exponential is a polynomial good to a few ulps, and its GELU is
-        // the sigmoid form, which avoids the cancellation in 1 + tanh(u) for negative
-        // u: errors are bounded relative to |gate * up|.
-        for ((a, b), (g, u)) in got.iter().zip(&want).zip(g.iter().zip(&u)) {
-            let bound = 2e-6 * (g * u).abs().max(b.abs());
-            assert!((a - b).abs() <= bound, "{act:?}: {a} vs {b}");
+    // One thread's share, and a batch split over three threads.
+    let pool = Pool::new(3);
+    for n in [1000, 100_003] {
+        let (g, u) = (rng.vec(n, 4.0), rng.vec(n, 1.0));
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let mut want = vec![0.0; n];
+            wgllm::ops::glu::reference(&g, &u, &mut want, act);
+            let mut got = vec![f32::NAN; n];
+            cops::glu(&pool, &g, &u, &mut got, act);
+            // The CPU's exponential is a polynomial good to a few ulps, and its GELU is
+            // the sigmoid form, which avoids the cancellation in 1 + tanh(u) for negative
+            // u: errors are bounded relative to |gate * up|.
+            for ((a, b), (g, u)) in got.iter().zip(&want).zip(g.iter().zip(&u)) {
+                let bound = 2e-6 * (g * u).abs().max(b.abs());
+                assert!((a - b).abs() <= bound, "{act:?}: {a} vs {b}");
+            }
         }
     }
+    let (g, u) = (rng.vec(1000, 4.0), rng.vec(1000, 1.0));
     let mut want = g.clone();
     wgllm::ops::add::reference(&mut want, &u);
     let mut got = g.clone();

@@ -309,6 +309,7 @@ impl Ops for CpuOps<'_> {
         let (g, u) = (gate.read()?, up.read()?);
         let mut o = out.write()?;
         ops::glu(
+            self.pool,
             part(&g, len, "glu")?,
             part(&u, len, "glu")?,
             part_mut(&mut o, len, "glu")?,
