@@ -25,8 +25,9 @@ pub(super) trait Lanes {
     /// The 4 bytes at `p` in every lane.
     unsafe fn splat4(p: *const u8) -> Self::I;
     unsafe fn load_i(p: *const i8) -> Self::I;
-    /// `acc` plus, per lane, the sum of the 4 products of unsigned `u` and signed `s`.
-    unsafe fn dot(acc: Self::I, u: Self::I, s: Self::I) -> Self::I;
+    /// `acc` plus, per lane, the sum of the 8 products of unsigned `u` and signed `s`
+    /// bytes (4 in each register of the pair). The unsigned bytes are at most 63.
+    unsafe fn dot2(acc: Self::I, u: [Self::I; 2], s: [Self::I; 2]) -> Self::I;
     unsafe fn load_f(p: *const f32) -> Self::F;
     /// `acc + dot * d * sc`, lane by lane.
     unsafe fn scaled(acc: Self::F, dot: Self::I, d: Self::F, sc: f32) -> Self::F;
@@ -58,8 +59,8 @@ impl Lanes for Zmm {
         _mm512_loadu_si512(p as *const _)
     }
     #[inline(always)]
-    unsafe fn dot(acc: __m512i, u: __m512i, s: __m512i) -> __m512i {
-        _mm512_dpbusd_epi32(acc, u, s)
+    unsafe fn dot2(acc: __m512i, u: [__m512i; 2], s: [__m512i; 2]) -> __m512i {
+        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, u[0], s[0]), u[1], s[1])
     }
     #[inline(always)]
     unsafe fn load_f(p: *const f32) -> __m512 {
@@ -80,9 +81,9 @@ impl Lanes for Zmm {
     }
 }
 
-/// 256-bit registers with `maddubs` + `madd` (AVX2): 8 tokens per register. Two
-/// products must fit an i16, which holds for the weight types AVX2 tiles (Q8_0 is not
-/// one of them).
+/// 256-bit registers with `maddubs` + `madd` (AVX2): 8 tokens per register. Four
+/// products must fit an i16, which holds for the weight types AVX2 tiles, whose
+/// unsigned values are at most 63 (Q8_0 is not one of them).
 pub(super) struct Ymm;
 impl Lanes for Ymm {
     const N: usize = 8;
@@ -105,9 +106,13 @@ impl Lanes for Ymm {
         _mm256_loadu_si256(p as *const _)
     }
     #[inline(always)]
-    unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        let pairs = _mm256_maddubs_epi16(u, s);
-        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    unsafe fn dot2(acc: __m256i, u: [__m256i; 2], s: [__m256i; 2]) -> __m256i {
+        // Each i16 holds 4 products of at most 63 * 128: no saturation, and one widening
+        // for two pieces.
+        let p0 = _mm256_maddubs_epi16(u[0], s[0]);
+        let p1 = _mm256_maddubs_epi16(u[1], s[1]);
+        let quads = _mm256_add_epi16(p0, p1);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(quads, _mm256_set1_epi16(1)))
     }
     #[inline(always)]
     unsafe fn load_f(p: *const f32) -> __m256 {
@@ -202,18 +207,22 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
         // Integer dots of the first and (for types scaled per 16 values) last 16 values.
         let mut lo = [[L::zero_i(); NB]; R];
         let mut hi = [[L::zero_i(); NB]; R];
-        for c in 0..8 {
-            let mut a = [L::zero_i(); NB];
-            for n in 0..NB {
-                a[n] = L::load_i(a_reg[n].add(g * 32 * BLOCK + c * 4 * BLOCK));
+        // Pieces in pairs: (0, 1), (2, 3) the first half, (4, 5), (6, 7) the second.
+        for c in (0..8).step_by(2) {
+            let mut a = [[L::zero_i(); NB]; 2];
+            for (h, a) in a.iter_mut().enumerate() {
+                for n in 0..NB {
+                    a[n] = L::load_i(a_reg[n].add(g * 32 * BLOCK + (c + h) * 4 * BLOCK));
+                }
             }
             for r in 0..R {
-                let wq = L::splat4(dec.q[k][r].as_ptr().add(4 * c));
+                let w0 = L::splat4(dec.q[k][r].as_ptr().add(4 * c));
+                let w1 = L::splat4(dec.q[k][r].as_ptr().add(4 * c + 4));
                 for n in 0..NB {
                     if D::HALVES && c >= 4 {
-                        hi[r][n] = L::dot(hi[r][n], wq, a[n]);
+                        hi[r][n] = L::dot2(hi[r][n], [w0, w1], [a[0][n], a[1][n]]);
                     } else {
-                        lo[r][n] = L::dot(lo[r][n], wq, a[n]);
+                        lo[r][n] = L::dot2(lo[r][n], [w0, w1], [a[0][n], a[1][n]]);
                     }
                 }
             }
