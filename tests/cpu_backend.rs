@@ -242,6 +242,44 @@ fn tiled_matmul_matches_row_dots() {
     }
 }
 
+/// A plan built over the pool's threads gives the same products as one built on one.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn plans_built_on_threads_equal_serial_ones() {
+    use wgllm::cpu::matmul::mul_mat_tiled;
+    use wgllm::cpu::tile::Plan;
+    let Some(isa) = isas().into_iter().rfind(|&i| i != Isa::Scalar) else {
+        return;
+    };
+    let mut rng = Rng::new(31);
+    let pool = Pool::new(3);
+    for (ty, n_cols, n_tokens) in [
+        (GgmlType::Q4_0, 96, 75),
+        (GgmlType::Q4_1, 64, 40),
+        (GgmlType::Q6_K, 512, 33),
+    ] {
+        let n_rows = 20;
+        let wq = quantized(ty, &rng.vec(n_rows * n_cols, 1.0));
+        let w = WeightView {
+            ty,
+            data: &wq,
+            n_cols,
+            n_rows,
+        };
+        let at = ActType::for_weight(ty).unwrap();
+        let mut a = Vec::new();
+        quantize_rows(at, &rng.vec(n_cols * n_tokens, 2.0), n_cols, &mut a).unwrap();
+        let (mut serial, mut threaded) = (Plan::default(), Plan::default());
+        serial.build(at, &a, n_cols, n_tokens).unwrap();
+        threaded.build_on(&pool, at, &a, n_cols, n_tokens).unwrap();
+        let mut want = vec![0.0; n_rows * n_tokens];
+        let mut got = vec![1.0; n_rows * n_tokens];
+        mul_mat_tiled(&pool, isa, &w, &serial, &mut want).unwrap();
+        mul_mat_tiled(&pool, isa, &w, &threaded, &mut got).unwrap();
+        assert_eq!(got, want, "{ty} {n_tokens} tokens");
+    }
+}
+
 /// A plan made for other weights is an error, not a read past its buffers.
 #[cfg(target_arch = "x86_64")]
 #[test]
@@ -310,8 +348,10 @@ fn rms_norm_matches_reference() {
 fn rope_matches_reference() {
     let mut rng = Rng::new(5);
     let mut cs = cops::RopeTable::default();
+    let pool = Pool::new(3);
     for mode in [RopeMode::Normal, RopeMode::Neox] {
-        for (hd, n_rot) in [(64, 64), (256, 256), (64, 32)] {
+        // Four tokens on one thread, and 60 split over three.
+        for (hd, n_rot, n_tokens) in [(64, 64, 4), (256, 256, 4), (64, 32, 4), (256, 128, 60)] {
             let r = Rope {
                 head_dim: hd,
                 n_heads: 3,
@@ -320,10 +360,10 @@ fn rope_matches_reference() {
                 freq_base: 10000.0,
                 freq_scale: 0.5,
             };
-            let x = rng.vec(hd as usize * 3 * 4, 1.0);
+            let x = rng.vec(hd as usize * 3 * n_tokens, 1.0);
             let (mut got, mut want) = (x.clone(), x);
             r.reference(&mut want, 17);
-            cops::rope(&r, &mut got, 17, &mut cs).unwrap();
+            cops::rope(&pool, &r, &mut got, 17, &mut cs).unwrap();
             assert_eq!(got, want, "{mode:?} hd={hd} rot={n_rot}");
         }
     }

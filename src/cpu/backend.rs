@@ -248,7 +248,9 @@ impl Ops for CpuOps<'_> {
             // The plan is rebuilt only when the quantized input changed.
             if self.work.plan_key != Some(key) {
                 self.work.plan_key = None;
-                self.work.plan.build(at, &self.work.qbuf, view.n_cols, n)?;
+                self.work
+                    .plan
+                    .build_on(self.pool, at, &self.work.qbuf, view.n_cols, n)?;
                 self.work.plan_key = Some(key);
             }
             return super::matmul::mul_mat_tiled(self.pool, self.isa, &view, &self.work.plan, ys);
@@ -260,6 +262,7 @@ impl Ops for CpuOps<'_> {
         let len = (rope.head_dim * rope.n_heads) as usize * self.n_tokens;
         let mut xv = x.write()?;
         ops::rope(
+            self.pool,
             rope,
             part_mut(&mut xv, len, "rope")?,
             self.pos,

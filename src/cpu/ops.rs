@@ -87,12 +87,14 @@ impl RopeTable {
             return;
         }
         let half = (r.n_rot / 2) as usize;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| r.freq_base.powf(-((2 * i) as f32) / r.n_rot as f32))
+            .collect();
         self.cs.clear();
         for t in 0..n_tokens {
             let pos = (pos0 as usize + t) as f32;
-            self.cs.extend((0..half).map(|i| {
-                let inv_freq = r.freq_base.powf(-((2 * i) as f32) / r.n_rot as f32);
-                let (s, c) = (pos * r.freq_scale * inv_freq).sin_cos();
+            self.cs.extend(inv_freq.iter().map(|&f| {
+                let (s, c) = (pos * r.freq_scale * f).sin_cos();
                 (c, s)
             }));
         }
@@ -101,8 +103,9 @@ impl RopeTable {
 }
 
 /// Rotary embedding in place on x: [head_dim, n_heads, n_tokens] for tokens at positions
-/// pos0, pos0 + 1, ... with the angles from `table`.
-pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, table: &mut RopeTable) -> Result<()> {
+/// pos0, pos0 + 1, ... with the angles from `table`; a batch's tokens over the pool's
+/// threads.
+pub fn rope(pool: &Pool, r: &Rope, x: &mut [f32], pos0: u32, table: &mut RopeTable) -> Result<()> {
     let (hd, nh) = (r.head_dim as usize, r.n_heads as usize);
     let half = (r.n_rot / 2) as usize;
     if hd == 0 || 2 * half > hd || x.len() % (hd * nh.max(1)) != 0 {
@@ -114,10 +117,7 @@ pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, table: &mut RopeTable) -> Result
     }
     let n_tokens = x.len() / (hd * nh.max(1));
     table.fill(r, pos0, n_tokens);
-    for (xt, cs) in x
-        .chunks_exact_mut(hd * nh)
-        .zip(table.cs.chunks(half.max(1)))
-    {
+    let token = |xt: &mut [f32], cs: &[(f32, f32)]| {
         for xr in xt.chunks_exact_mut(hd) {
             for (i, &(c, s)) in cs.iter().enumerate() {
                 let (a, b) = match r.mode {
@@ -129,7 +129,22 @@ pub fn rope(r: &Rope, x: &mut [f32], pos0: u32, table: &mut RopeTable) -> Result
                 xr[b] = x0 * s + x1 * c;
             }
         }
+    };
+    let (row, cs) = (hd * nh, &table.cs);
+    if x.len() < 1 << 15 || pool.n_threads() == 1 {
+        for (t, xt) in x.chunks_exact_mut(row).enumerate() {
+            token(xt, &cs[t * half..(t + 1) * half]);
+        }
+        return Ok(());
     }
+    let out = SharedMut::new(x);
+    pool.run(&|ith, nth| {
+        for t in split(n_tokens, ith, nth) {
+            // SAFETY: tokens are split between threads without overlap.
+            let xt = unsafe { out.slice(t * row, row) };
+            token(xt, &cs[t * half..(t + 1) * half]);
+        }
+    });
     Ok(())
 }
 
