@@ -330,10 +330,20 @@ fn log_sum_exp(logits: &[f32]) -> f64 {
     if max == f64::NEG_INFINITY {
         return f64::NEG_INFINITY;
     }
-    let sum: f64 = logits
-        .iter()
-        .map(|&l| (sanitize(l) as f64 - max).exp())
-        .sum();
+    // A vocabulary's exponentials, in eight running sums of the CPU's polynomial e^x
+    // (2e-7 relative, in code the compiler vectorises): a library call per value put
+    // a perplexity run's scoring at a quarter of its time.
+    let m = max as f32;
+    let term = |l: f32| crate::cpu::ops::exp_fast(sanitize(l) - m) as f64;
+    let mut acc = [0f64; 8];
+    let chunks = logits.chunks_exact(8);
+    let mut sum: f64 = chunks.remainder().iter().map(|&l| term(l)).sum();
+    for c in chunks {
+        for (a, &l) in acc.iter_mut().zip(c) {
+            *a += term(l);
+        }
+    }
+    sum += acc.iter().sum::<f64>();
     max + sum.ln()
 }
 

@@ -275,10 +275,16 @@ impl Session {
             self.history.extend_from_slice(chunk);
         }
         let batch = self.batch(Logits::All);
-        let mut out = Vec::with_capacity(tokens.len() * self.engine.config().n_vocab as usize);
+        let mut out = Vec::new();
         for chunk in tokens.chunks(batch) {
             let l = self.engine.step(chunk, self.n_past(), Logits::All)?;
-            out.extend_from_slice(&l);
+            // One batch's logits are the answer as they are: no second copy of them
+            // (a perplexity chunk's are 268 MB on Gemma 3).
+            if out.is_empty() {
+                out = l;
+            } else {
+                out.extend_from_slice(&l);
+            }
             self.history.extend_from_slice(chunk);
         }
         Ok(out)

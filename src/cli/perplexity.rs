@@ -33,8 +33,8 @@ struct Nll {
 }
 
 impl Nll {
-    fn add(&mut self, logits: &[f32], target: u32) {
-        let nll = -(wgllm::sampling::log_prob(logits, target) as f64);
+    fn add(&mut self, log_prob: f32) {
+        let nll = -(log_prob as f64);
         self.sum += nll;
         self.sum2 += nll * nll;
         self.count += 1;
@@ -57,6 +57,36 @@ impl Nll {
         };
         (ppl, err)
     }
+}
+
+/// log p(target) of each row of `n_vocab` logits, rows split over the machine's threads
+/// (a vocabulary of 262144 is 67 million exponentials a chunk) and returned in order.
+fn log_probs(logits: &[f32], n_vocab: usize, targets: &[u32]) -> Vec<f32> {
+    let rows: Vec<(&[f32], u32)> = logits
+        .chunks_exact(n_vocab)
+        .zip(targets.iter().copied())
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = rows.len().div_ceil(threads).max(1);
+    let score = |part: &[(&[f32], u32)]| -> Vec<f32> {
+        part.iter()
+            .map(|&(l, t)| wgllm::sampling::log_prob(l, t))
+            .collect()
+    };
+    if threads == 1 || rows.len() < 2 {
+        return score(&rows);
+    }
+    std::thread::scope(|s| {
+        let parts: Vec<_> = rows
+            .chunks(per)
+            .map(|part| s.spawn(move || score(part)))
+            .collect();
+        // A thread that panicked panics here too, as a serial loop would have.
+        parts
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    })
 }
 
 pub fn run(a: PerplexityArgs) -> Result<()> {
@@ -96,12 +126,9 @@ pub fn run(a: PerplexityArgs) -> Result<()> {
         }
         // Row j - first holds the logits after token j, which score token j + 1.
         let logits = m.session.scored_logits(&chunk, 0, first)?;
-        for j in first..n_ctx - 1 {
-            let at = j - first;
-            nll.add(
-                &logits[at * n_vocab..(at + 1) * n_vocab],
-                tokens[i * n_ctx + j + 1],
-            );
+        let targets = &tokens[i * n_ctx + first + 1..(i + 1) * n_ctx];
+        for lp in log_probs(&logits, n_vocab, targets) {
+            nll.add(lp);
         }
         print!("[{}]{:.4},", i + 1, nll.ppl());
         let _ = std::io::stdout().flush();
