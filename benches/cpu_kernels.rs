@@ -54,9 +54,16 @@ fn main() {
         Isa::detect()
     };
     println!("threads {}, {isa:?}", pool.n_threads());
+    // Batches are arithmetic: their multiply-adds per second against the byte-dot
+    // instruction's own rate on these threads, measured here.
+    let peak = byte_dot_peak(&pool, isa);
+    match peak {
+        Some(p) => println!("byte-dot peak {:.1} GMAC/s", p / 1e9),
+        None => println!("byte-dot peak: not measured for {isa:?}"),
+    }
     println!(
-        "{:<6} {:>11} {:>6} {:>10} {:>9}",
-        "type", "shape", "tokens", "ms/op", "GB/s"
+        "{:<6} {:>11} {:>6} {:>10} {:>9} {:>9} {:>6}",
+        "type", "shape", "tokens", "ms/op", "GB/s", "GMAC/s", "%peak"
     );
     // `shape=COLSxROWS` times one shape, `batch=N` only batches of N tokens.
     let arg = |key: &str| std::env::args().find_map(|a| a.strip_prefix(key).map(str::to_string));
@@ -120,16 +127,97 @@ fn main() {
                     iters += 1;
                 }
                 let s = t0.elapsed().as_secs_f64() / iters as f64;
+                let macs = (n_cols * n_rows * n_tokens) as f64 / s;
+                let pct = peak.map_or("-".to_string(), |p| format!("{:.0}", 100.0 * macs / p));
                 println!(
-                    "{:<6} {:>11} {:>6} {:>10.4} {:>9.2}",
+                    "{:<6} {:>11} {:>6} {:>10.4} {:>9.2} {:>9.1} {:>6}",
                     ty.name(),
                     format!("{n_cols}x{n_rows}"),
                     n_tokens,
                     s * 1e3,
-                    wq.len() as f64 / s / 1e9
+                    wq.len() as f64 / s / 1e9,
+                    macs / 1e9,
+                    pct
                 );
             }
         }
+    }
+}
+
+/// Multiply-adds per second of the byte dot product the tile kernels use (`vpdpbusd` on
+/// 512-bit registers with AVX-512 VNNI; two `maddubs`, an add and a `madd` per 64 on
+/// AVX2), in independent chains on every thread of the pool.
+fn byte_dot_peak(pool: &Pool, isa: Isa) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (f, macs): (unsafe fn(usize) -> i32, f64) = match isa {
+            Isa::Avx512Vnni => (peak::vnni, 8.0 * 64.0),
+            Isa::Avx2 => (peak::avx2, 8.0 * 64.0),
+            _ => return None,
+        };
+        let iters = 4_000_000;
+        let run = || {
+            pool.run(&|_, _| {
+                // SAFETY: `isa` was detected (or asked for) on this CPU.
+                std::hint::black_box(unsafe { f(std::hint::black_box(iters)) });
+            })
+        };
+        run();
+        let t0 = Instant::now();
+        run();
+        let s = t0.elapsed().as_secs_f64();
+        Some(macs * iters as f64 * pool.n_threads() as f64 / s)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (pool, isa);
+        None
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod peak {
+    use std::arch::x86_64::*;
+
+    /// `n` rounds of eight independent `vpdpbusd` (64 multiply-adds each).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn vnni(n: usize) -> i32 {
+        let (u, s) = (_mm512_set1_epi8(3), _mm512_set1_epi8(-2));
+        let mut acc = [_mm512_setzero_si512(); 8];
+        for _ in 0..n {
+            for a in acc.iter_mut() {
+                *a = _mm512_dpbusd_epi32(*a, u, s);
+            }
+        }
+        let sum = acc
+            .iter()
+            .fold(_mm512_setzero_si512(), |x, &y| _mm512_add_epi32(x, y));
+        _mm512_reduce_add_epi32(sum)
+    }
+
+    /// `n` rounds of eight independent two-piece AVX2 byte dots (64 multiply-adds each,
+    /// as the blocked kernel does them).
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn avx2(n: usize) -> i32 {
+        let one = _mm256_set1_epi16(1);
+        // Operands that differ between the chains and change every round (one add per
+        // 512 multiply-adds), or the compiler would compute the products once.
+        let mut s = _mm256_set1_epi8(-2);
+        let us: [__m256i; 8] = std::array::from_fn(|k| _mm256_set1_epi8(k as i8 + 1));
+        let mut acc = [_mm256_setzero_si256(); 8];
+        for _ in 0..n {
+            s = _mm256_add_epi8(s, one);
+            for (a, &u) in acc.iter_mut().zip(&us) {
+                let p = _mm256_add_epi16(_mm256_maddubs_epi16(u, s), _mm256_maddubs_epi16(s, u));
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(p, one));
+            }
+        }
+        let sum = acc
+            .iter()
+            .fold(_mm256_setzero_si256(), |x, &y| _mm256_add_epi32(x, y));
+        let mut out = [0i32; 8];
+        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, sum);
+        out.iter().sum()
     }
 }
 
