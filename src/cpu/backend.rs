@@ -244,7 +244,7 @@ impl Ops for CpuOps<'_> {
         let mut yv = y.write()?;
         let ys = part_mut(&mut yv, view.n_rows * n, &w.name)?;
         #[cfg(target_arch = "x86_64")]
-        if super::matmul::tile_kernel(w.ty, self.isa).is_some() {
+        if super::matmul::tile_kernel(w.ty, self.isa, n).is_some() {
             // The plan is rebuilt only when the quantized input changed.
             if self.work.plan_key != Some(key) {
                 self.work.plan_key = None;

@@ -84,7 +84,7 @@ pub fn mul_mat_quantized(
         )));
     }
     #[cfg(target_arch = "x86_64")]
-    if tile_kernel(w.ty, isa).is_some() {
+    if tile_kernel(w.ty, isa, n_tokens).is_some() {
         return PLAN.with(|p| {
             let mut p = p.borrow_mut();
             p.build(at, a, w.n_cols, n_tokens)?;
@@ -117,9 +117,9 @@ thread_local! {
     static PLAN: std::cell::RefCell<Plan> = std::cell::RefCell::new(Plan::default());
 }
 
-/// The tile kernel `isa` has for weights of `ty`, if any.
+/// The tile kernel `isa` has for weights of `ty` and a batch of `n_tokens`, if any.
 #[cfg(target_arch = "x86_64")]
-pub fn tile_kernel(ty: GgmlType, isa: Isa) -> Option<TileFn> {
+pub fn tile_kernel(ty: GgmlType, isa: Isa, n_tokens: usize) -> Option<TileFn> {
     let flavor = match isa {
         Isa::Scalar | Isa::Neon | Isa::NeonDot => return None,
         Isa::Avx2 => Flavor::Avx2,
@@ -128,7 +128,7 @@ pub fn tile_kernel(ty: GgmlType, isa: Isa) -> Option<TileFn> {
     if !flavor.available() {
         return None;
     }
-    tile::kernel(ty, flavor)
+    tile::kernel(ty, flavor, n_tokens)
 }
 
 /// y = W x with the activations in `plan` (made from [`quantize_rows`] output for
@@ -142,7 +142,7 @@ pub fn mul_mat_tiled(
     plan: &Plan,
     y: &mut [f32],
 ) -> Result<()> {
-    let tk = tile_kernel(w.ty, isa)
+    let tk = tile_kernel(w.ty, isa, plan.n_tokens())
         .ok_or_else(|| Error::Unsupported(format!("no {isa:?} tile kernel for {}", w.ty)))?;
     // The kernel reads the plan's fields of its activation type, for n_cols values.
     if plan.act() != Some(ActType::for_weight(w.ty)?) || plan.n_cols() != w.n_cols {

@@ -28,6 +28,13 @@ pub(super) trait Lanes {
     /// `acc` plus, per lane, the sum of the 8 products of unsigned `u` and signed `s`
     /// bytes (4 in each register of the pair). The unsigned bytes are at most 63.
     unsafe fn dot2(acc: Self::I, u: [Self::I; 2], s: [Self::I; 2]) -> Self::I;
+    /// Whether [`Lanes::dot2`] takes unsigned bytes up to 255 (Q8_0's).
+    const WIDE_OK: bool;
+    /// `acc` plus, per lane, the sum of the 4 products of signed `w` and signed `s`
+    /// bytes, `wabs` being |w| (Q8_0's values where [`Lanes::WIDE_OK`] does not hold).
+    unsafe fn dot_signed(acc: Self::I, w: Self::I, wabs: Self::I, s: Self::I) -> Self::I;
+    /// The bytes of `u` less 128, as signed bytes, and their magnitudes.
+    unsafe fn signed(u: Self::I) -> (Self::I, Self::I);
     unsafe fn load_f(p: *const f32) -> Self::F;
     /// `acc + dot * d * sc`, lane by lane.
     unsafe fn scaled(acc: Self::F, dot: Self::I, d: Self::F, sc: f32) -> Self::F;
@@ -61,6 +68,19 @@ impl Lanes for Zmm {
     #[inline(always)]
     unsafe fn dot2(acc: __m512i, u: [__m512i; 2], s: [__m512i; 2]) -> __m512i {
         _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc, u[0], s[0]), u[1], s[1])
+    }
+    const WIDE_OK: bool = true;
+    #[inline(always)]
+    unsafe fn dot_signed(acc: __m512i, w: __m512i, wabs: __m512i, s: __m512i) -> __m512i {
+        // s negated where w is negative (AVX-512 has no byte `sign`).
+        let neg = _mm512_movepi8_mask(w);
+        let s = _mm512_mask_sub_epi8(s, neg, _mm512_setzero_si512(), s);
+        _mm512_dpbusd_epi32(acc, wabs, s)
+    }
+    #[inline(always)]
+    unsafe fn signed(u: __m512i) -> (__m512i, __m512i) {
+        let w = _mm512_xor_si512(u, _mm512_set1_epi8(-128));
+        (w, _mm512_abs_epi8(w))
     }
     #[inline(always)]
     unsafe fn load_f(p: *const f32) -> __m512 {
@@ -113,6 +133,18 @@ impl Lanes for Ymm {
         let p1 = _mm256_maddubs_epi16(u[1], s[1]);
         let quads = _mm256_add_epi16(p0, p1);
         _mm256_add_epi32(acc, _mm256_madd_epi16(quads, _mm256_set1_epi16(1)))
+    }
+    const WIDE_OK: bool = false;
+    #[inline(always)]
+    unsafe fn dot_signed(acc: __m256i, w: __m256i, wabs: __m256i, s: __m256i) -> __m256i {
+        // |w| times s with w's sign: each pair's sum is at most 2 * 128 * 127 and fits.
+        let pairs = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(s, w));
+        _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn signed(u: __m256i) -> (__m256i, __m256i) {
+        let w = _mm256_xor_si256(u, _mm256_set1_epi8(-128));
+        (w, _mm256_abs_epi8(w))
     }
     #[inline(always)]
     unsafe fn load_f(p: *const f32) -> __m256 {
@@ -218,6 +250,16 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
             for r in 0..R {
                 let w0 = L::splat4(dec.q[k][r].as_ptr().add(4 * c));
                 let w1 = L::splat4(dec.q[k][r].as_ptr().add(4 * c + 4));
+                if D::WIDE && !L::WIDE_OK {
+                    // Q8_0 on AVX2: the true signed values, one piece at a time; their
+                    // offset of -128 scales is then left out below.
+                    let ((s0, a0), (s1, a1)) = (L::signed(w0), L::signed(w1));
+                    for n in 0..NB {
+                        lo[r][n] = L::dot_signed(lo[r][n], s0, a0, a[0][n]);
+                        lo[r][n] = L::dot_signed(lo[r][n], s1, a1, a[1][n]);
+                    }
+                    continue;
+                }
                 for n in 0..NB {
                     if D::HALVES && c >= 4 {
                         hi[r][n] = L::dot2(hi[r][n], [w0, w1], [a[0][n], a[1][n]]);
@@ -232,6 +274,11 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
             let d = L::load_f(p.d.as_ptr().add(at + n * L::N));
             for r in 0..R {
                 let (sc, off) = (dec.sc[k][r], dec.off[k][r]);
+                let off = if D::WIDE && !L::WIDE_OK {
+                    [0.0; 2]
+                } else {
+                    off
+                };
                 acc[r][n] = L::scaled(acc[r][n], lo[r][n], d, sc[0]);
                 if D::HALVES {
                     acc[r][n] = L::scaled(acc[r][n], hi[r][n], d, sc[1]);
@@ -346,5 +393,62 @@ unsafe fn row_tile<D: Decode, L: Lanes, const R: usize, const NB: usize, const N
             t0 += BLOCK;
         }
         b0 = b1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both widths' signed byte dots against plain arithmetic (the 512-bit one runs only
+    /// where a caller's weights are too wide for its unsigned dot, so it is checked here).
+    #[test]
+    fn signed_dots_match_arithmetic() {
+        let bytes = |seed: u32| -> [u8; 64] {
+            let mut h = seed;
+            std::array::from_fn(|_| {
+                h = h.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (h >> 24) as u8
+            })
+        };
+        let (u, a) = (bytes(1), bytes(2));
+        // Activations stay within ±127, as the quantizers make them.
+        let a = a.map(|b| (b as i8).max(-127) as u8);
+        let want: Vec<i32> = (0..16)
+            .map(|l| {
+                (0..4)
+                    .map(|k| (u[4 * l + k] as i32 - 128) * a[4 * l + k] as i8 as i32)
+                    .sum()
+            })
+            .collect();
+        let mut got = [0i32; 16];
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present.
+            unsafe { ymm_signed(&u, &a, &mut got) };
+            assert_eq!(got.to_vec(), want);
+        }
+        if is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni") {
+            got = [0; 16];
+            // SAFETY: AVX-512 BW and VNNI are present.
+            unsafe { zmm_signed(&u, &a, &mut got) };
+            assert_eq!(got.to_vec(), want);
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    unsafe fn ymm_signed(u: &[u8; 64], a: &[u8; 64], out: &mut [i32; 16]) {
+        for h in 0..2 {
+            let (w, wabs) = Ymm::signed(Ymm::load_i(u.as_ptr().add(32 * h) as *const i8));
+            let s = Ymm::load_i(a.as_ptr().add(32 * h) as *const i8);
+            let d = Ymm::dot_signed(Ymm::zero_i(), w, wabs, s);
+            _mm256_storeu_si256(out.as_mut_ptr().add(8 * h) as *mut __m256i, d);
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn zmm_signed(u: &[u8; 64], a: &[u8; 64], out: &mut [i32; 16]) {
+        let (w, wabs) = Zmm::signed(Zmm::load_i(u.as_ptr() as *const i8));
+        let d = Zmm::dot_signed(Zmm::zero_i(), w, wabs, Zmm::load_i(a.as_ptr() as *const i8));
+        _mm512_storeu_si512(out.as_mut_ptr() as *mut _, d);
     }
 }

@@ -21,6 +21,9 @@ pub(super) trait Decode {
     const GROUPS: usize;
     /// Offsets differ between the halves of a group (Q6_K's 16-value sub-blocks).
     const HALVES: bool = false;
+    /// The values are 8-bit, stored plus 128 with an offset of -128 scales (Q8_0): too
+    /// wide for the 16-bit sums of AVX2's byte products.
+    const WIDE: bool = false;
     /// What a block's groups share, decoded once per block.
     type Hdr: Copy;
     const ZERO: Self::Hdr;
@@ -116,6 +119,7 @@ pub(super) struct Q8_0;
 impl Decode for Q8_0 {
     const BYTES: usize = 34;
     const GROUPS: usize = 1;
+    const WIDE: bool = true;
     type Hdr = ();
     const ZERO: () = ();
     #[inline(always)]

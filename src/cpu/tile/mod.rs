@@ -120,7 +120,7 @@ impl Plan {
         self.n_cols = n_cols;
         self.n_tokens = n_tokens;
         self.stride = stride;
-        self.blocked = n_tokens >= BLOCK;
+        self.blocked = blocked_for(n_tokens);
         let (qs, qt) = if self.blocked {
             (0, n_tokens.div_ceil(BLOCK) * BLOCK * n_cols)
         } else {
@@ -345,10 +345,16 @@ flavors! {
     Q6K => q6_k_avx2, q6_k_vnni;
 }
 
-/// The tile kernel for weights of `ty` in `flavor`, or `None` where the row dots are used
-/// (float weights; Q8_0 without VNNI, whose byte pairs overflow `maddubs`).
-/// Callers must have checked `flavor.available()`.
-pub fn kernel(ty: GgmlType, flavor: Flavor) -> Option<TileFn> {
+/// Whether a plan of `n_tokens` tokens is built in blocks (for the batch kernel).
+pub fn blocked_for(n_tokens: usize) -> bool {
+    n_tokens >= BLOCK
+}
+
+/// The tile kernel for weights of `ty` in `flavor` and plans of `n_tokens` tokens, or
+/// `None` where the row dots are used (float weights; Q8_0 on AVX2 outside blocked
+/// batches, whose byte pairs overflow `maddubs` there). Callers must have checked
+/// `flavor.available()`.
+pub fn kernel(ty: GgmlType, flavor: Flavor, n_tokens: usize) -> Option<TileFn> {
     use GgmlType as G;
     let vnni = flavor == Flavor::Vnni;
     Some(match (ty, vnni) {
@@ -361,10 +367,8 @@ pub fn kernel(ty: GgmlType, flavor: Flavor) -> Option<TileFn> {
         (G::Q5_1, false) => q5_1_avx2,
         (G::Q5_1, true) => q5_1_vnni,
         (G::Q8_0, true) => q8_0_vnni,
-        (G::Q8_0, false) => {
-            let _ = q8_0_avx2;
-            return None;
-        }
+        (G::Q8_0, false) if blocked_for(n_tokens) => q8_0_avx2,
+        (G::Q8_0, false) => return None,
         (G::Q2_K, false) => q2_k_avx2,
         (G::Q2_K, true) => q2_k_vnni,
         (G::Q3_K, false) => q3_k_avx2,
