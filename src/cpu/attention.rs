@@ -238,6 +238,8 @@ struct Job<'a> {
     n_head: usize,
     /// Keys per block ([`key_block`]).
     block: usize,
+    /// The AVX2 phases run ([`wide_vectors`]; always false off x86-64).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     wide: bool,
 }
 

@@ -26,7 +26,8 @@ pub(super) trait Lanes {
     unsafe fn splat4(p: *const u8) -> Self::I;
     unsafe fn load_i(p: *const i8) -> Self::I;
     /// `acc` plus, per lane, the sum of the 8 products of unsigned `u` and signed `s`
-    /// bytes (4 in each register of the pair). The unsigned bytes are at most 63.
+    /// bytes (4 in each register of the pair). The unsigned bytes are at most 63 where
+    /// [`Lanes::WIDE_OK`] does not hold.
     unsafe fn dot2(acc: Self::I, u: [Self::I; 2], s: [Self::I; 2]) -> Self::I;
     /// Whether [`Lanes::dot2`] takes unsigned bytes up to 255 (Q8_0's).
     const WIDE_OK: bool;
