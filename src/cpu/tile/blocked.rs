@@ -42,6 +42,52 @@ pub(super) trait Lanes {
     /// `acc + off * s`, lane by lane.
     unsafe fn offset(acc: Self::F, off: f32, s: Self::F) -> Self::F;
     unsafe fn store(p: *mut f32, v: Self::F);
+    /// Four rows' results for the register's first `n` tokens: token t's four at
+    /// `y + t * ld`, stored (or added to what is there with `add`). The 512-bit lanes
+    /// store each token's four as one vector: written a value at a time, as here, they
+    /// were 15% of a short row's tile.
+    #[inline(always)]
+    unsafe fn put4(rows: [Self::F; 4], y: *mut f32, ld: usize, n: usize, add: bool) {
+        let mut v = [[0f32; 16]; 4];
+        for (v, &r) in v.iter_mut().zip(&rows) {
+            Self::store(v.as_mut_ptr(), r);
+        }
+        for t in 0..n.min(Self::N) {
+            for (i, v) in v.iter().enumerate() {
+                let p = y.add(t * ld + i);
+                *p = if add { *p + v[t] } else { v[t] };
+            }
+        }
+    }
+}
+
+/// Four rows of four tokens (each __m128 one row) transposed: one token's rows each.
+#[inline(always)]
+unsafe fn transpose4(r: [__m128; 4]) -> [__m128; 4] {
+    let t01 = _mm_unpacklo_ps(r[0], r[1]);
+    let t23 = _mm_unpacklo_ps(r[2], r[3]);
+    let u01 = _mm_unpackhi_ps(r[0], r[1]);
+    let u23 = _mm_unpackhi_ps(r[2], r[3]);
+    [
+        _mm_movelh_ps(t01, t23),
+        _mm_movehl_ps(t23, t01),
+        _mm_movelh_ps(u01, u23),
+        _mm_movehl_ps(u23, u01),
+    ]
+}
+
+/// Stores (or adds) token t's four rows `v[t]` at `y + t * ld`, for the first `n`.
+#[inline(always)]
+unsafe fn put_tokens(v: [__m128; 4], y: *mut f32, ld: usize, n: usize, add: bool) {
+    for (t, &v) in v.iter().enumerate().take(n) {
+        let p = y.add(t * ld);
+        let v = if add {
+            _mm_add_ps(_mm_loadu_ps(p), v)
+        } else {
+            v
+        };
+        _mm_storeu_ps(p, v);
+    }
 }
 
 /// 512-bit registers with `vpdpbusd` (AVX-512 VNNI): 16 tokens per register.
@@ -99,6 +145,20 @@ impl Lanes for Zmm {
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m512) {
         _mm512_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn put4(rows: [__m512; 4], y: *mut f32, ld: usize, n: usize, add: bool) {
+        // Quarter k of each row: tokens 4k .. 4k + 4.
+        let mut q = [[_mm_setzero_ps(); 4]; 4];
+        for (i, r) in rows.iter().enumerate() {
+            q[0][i] = _mm512_extractf32x4_ps::<0>(*r);
+            q[1][i] = _mm512_extractf32x4_ps::<1>(*r);
+            q[2][i] = _mm512_extractf32x4_ps::<2>(*r);
+            q[3][i] = _mm512_extractf32x4_ps::<3>(*r);
+        }
+        for (k, &quarter) in q.iter().enumerate().take(n.div_ceil(4)) {
+            put_tokens(transpose4(quarter), y.add(4 * k * ld), ld, n - 4 * k, add);
+        }
     }
 }
 
@@ -294,6 +354,21 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
         }
     }
     let valid = (p.n_tokens - t0).min(NB * L::N);
+    if R == 4 {
+        // Four rows: each token's four results are adjacent in `out`, stored as one.
+        for n in 0..NB {
+            let rows = [acc[0][n], acc[1][n], acc[2][n], acc[3][n]];
+            let y = out.y.add((t0 + n * L::N) * out.ld + r0);
+            L::put4(
+                rows,
+                y,
+                out.ld,
+                valid.saturating_sub(n * L::N).min(L::N),
+                add,
+            );
+        }
+        return;
+    }
     for r in 0..R {
         let mut v = [0f32; 64];
         for n in 0..NB {
