@@ -139,6 +139,13 @@ pub(super) struct KHdr {
     mn: [f32; 8],
 }
 
+impl KHdr {
+    const ZERO: KHdr = KHdr {
+        sc: [0.0; 8],
+        mn: [0.0; 8],
+    };
+}
+
 #[inline(always)]
 unsafe fn k4_hdr(b: *const u8) -> KHdr {
     let mut raw = [0u8; 12];
@@ -174,10 +181,7 @@ impl Decode for Q4K {
     const BYTES: usize = 144;
     const GROUPS: usize = 8;
     type Hdr = KHdr;
-    const ZERO: KHdr = KHdr {
-        sc: [0.0; 8],
-        mn: [0.0; 8],
-    };
+    const ZERO: KHdr = KHdr::ZERO;
     #[inline(always)]
     unsafe fn hdr(b: *const u8) -> KHdr {
         k4_hdr(b)
@@ -193,10 +197,7 @@ impl Decode for Q5K {
     const BYTES: usize = 176;
     const GROUPS: usize = 8;
     type Hdr = KHdr;
-    const ZERO: KHdr = KHdr {
-        sc: [0.0; 8],
-        mn: [0.0; 8],
-    };
+    const ZERO: KHdr = KHdr::ZERO;
     #[inline(always)]
     unsafe fn hdr(b: *const u8) -> KHdr {
         k4_hdr(b)
