@@ -41,6 +41,10 @@ pub(super) trait Lanes {
     unsafe fn scaled(acc: Self::F, dot: Self::I, d: Self::F, sc: f32) -> Self::F;
     /// `acc + off * s`, lane by lane.
     unsafe fn offset(acc: Self::F, off: f32, s: Self::F) -> Self::F;
+    /// `acc + dot * sc`, lane by lane.
+    unsafe fn fold(acc: Self::F, dot: Self::I, sc: f32) -> Self::F;
+    /// `acc + a * b`, lane by lane.
+    unsafe fn fmadd(acc: Self::F, a: Self::F, b: Self::F) -> Self::F;
     unsafe fn store(p: *mut f32, v: Self::F);
     /// Four rows' results for the register's first `n` tokens: token t's four at
     /// `y + t * ld`, stored (or added to what is there with `add`). The 512-bit lanes
@@ -143,6 +147,14 @@ impl Lanes for Zmm {
         _mm512_fmadd_ps(_mm512_set1_ps(off), s, acc)
     }
     #[inline(always)]
+    unsafe fn fold(acc: __m512, dot: __m512i, sc: f32) -> __m512 {
+        _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(sc), acc)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(acc: __m512, a: __m512, b: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, acc)
+    }
+    #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m512) {
         _mm512_storeu_ps(p, v)
     }
@@ -221,6 +233,14 @@ impl Lanes for Ymm {
         _mm256_fmadd_ps(_mm256_set1_ps(off), s, acc)
     }
     #[inline(always)]
+    unsafe fn fold(acc: __m256, dot: __m256i, sc: f32) -> __m256 {
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(sc), acc)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(acc: __m256, a: __m256, b: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, acc)
+    }
+    #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m256) {
         _mm256_storeu_ps(p, v)
     }
@@ -295,6 +315,11 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
             p.qt.as_ptr()
                 .add((t / BLOCK * ng) * 32 * BLOCK + t % BLOCK * 4);
     }
+    // The K-quants' activations (Q8_K) have one scale per block of 8 groups: their
+    // groups' sums go into `blk` without it, and each block's sum is scaled once. Types
+    // scaled per 16 values fold a group's first half in before its second is summed.
+    let per_block = D::GROUPS > 1;
+    let mut blk = [[L::zero_f(); NB]; R];
     for k in 0..n_groups {
         let g = g0 + k;
         // Integer dots of the first and (for types scaled per 16 values) last 16 values.
@@ -302,6 +327,14 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
         let mut hi = [[L::zero_i(); NB]; R];
         // Pieces in pairs: (0, 1), (2, 3) the first half, (4, 5), (6, 7) the second.
         for c in (0..8).step_by(2) {
+            if per_block && D::HALVES && c == 4 {
+                for r in 0..R {
+                    for n in 0..NB {
+                        blk[r][n] = L::fold(blk[r][n], lo[r][n], dec.sc[k][r][0]);
+                        lo[r][n] = L::zero_i();
+                    }
+                }
+            }
             let mut a = [[L::zero_i(); NB]; 2];
             for (h, a) in a.iter_mut().enumerate() {
                 for n in 0..NB {
@@ -322,7 +355,7 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
                     continue;
                 }
                 for n in 0..NB {
-                    if D::HALVES && c >= 4 {
+                    if D::HALVES && c >= 4 && !per_block {
                         hi[r][n] = L::dot2(hi[r][n], [w0, w1], [a[0][n], a[1][n]]);
                     } else {
                         lo[r][n] = L::dot2(lo[r][n], [w0, w1], [a[0][n], a[1][n]]);
@@ -331,6 +364,35 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
             }
         }
         let at = g * p.stride + t0;
+        if per_block {
+            for n in 0..NB {
+                for r in 0..R {
+                    let (sc, off) = (dec.sc[k][r], dec.off[k][r]);
+                    let b = &mut blk[r][n];
+                    if D::HALVES {
+                        // `lo` holds the second half here.
+                        *b = L::fold(*b, lo[r][n], sc[1]);
+                        let sb16 = p.sb16.as_ptr().add(2 * g * p.stride + t0 + n * L::N);
+                        *b = L::offset(*b, off[0], L::load_f(sb16));
+                        *b = L::offset(*b, off[1], L::load_f(sb16.add(p.stride)));
+                    } else {
+                        *b = L::fold(*b, lo[r][n], sc[0]);
+                        let sb = L::load_f(p.sb.as_ptr().add(at + n * L::N));
+                        *b = L::offset(*b, off[0], sb);
+                    }
+                }
+            }
+            if (g + 1) % D::GROUPS == 0 {
+                for n in 0..NB {
+                    let d = L::load_f(p.d.as_ptr().add(at + n * L::N));
+                    for r in 0..R {
+                        acc[r][n] = L::fmadd(acc[r][n], blk[r][n], d);
+                        blk[r][n] = L::zero_f();
+                    }
+                }
+            }
+            continue;
+        }
         for n in 0..NB {
             let d = L::load_f(p.d.as_ptr().add(at + n * L::N));
             for r in 0..R {

@@ -62,6 +62,10 @@ pub struct Plan {
     s: Vec<f32>,
     /// [2 n_groups][stride] the same per 16 values (Q8_K activations only).
     s16: Vec<f32>,
+    /// `s` and `s16` without the scale (Q8_K only, whose scale is one per 8 groups: the
+    /// batch kernel applies it once per block).
+    sb: Vec<f32>,
+    sb16: Vec<f32>,
 }
 
 impl Plan {
@@ -135,6 +139,8 @@ impl Plan {
         grow(&mut self.s, ng * stride);
         if at == ActType::Q8_K {
             grow(&mut self.s16, 2 * ng * stride);
+            grow(&mut self.sb, ng * stride);
+            grow(&mut self.sb16, 2 * ng * stride);
         }
         let fill = Fill {
             qs: self.qs.as_mut_ptr(),
@@ -142,6 +148,8 @@ impl Plan {
             d: self.d.as_mut_ptr(),
             s: self.s.as_mut_ptr(),
             s16: self.s16.as_mut_ptr(),
+            sb: self.sb.as_mut_ptr(),
+            sb16: self.sb16.as_mut_ptr(),
             blocked: self.blocked,
             ng,
             n_tokens,
@@ -178,6 +186,8 @@ struct Fill {
     d: *mut f32,
     s: *mut f32,
     s16: *mut f32,
+    sb: *mut f32,
+    sb16: *mut f32,
     blocked: bool,
     ng: usize,
     n_tokens: usize,
@@ -223,6 +233,9 @@ impl Fill {
                 *self.s.add(g * st + t) = d * (bsum(2 * j) + bsum(2 * j + 1));
                 *self.s16.add(2 * g * st + t) = d * bsum(2 * j);
                 *self.s16.add((2 * g + 1) * st + t) = d * bsum(2 * j + 1);
+                *self.sb.add(g * st + t) = bsum(2 * j) + bsum(2 * j + 1);
+                *self.sb16.add(2 * g * st + t) = bsum(2 * j);
+                *self.sb16.add((2 * g + 1) * st + t) = bsum(2 * j + 1);
             }
         }
     }
