@@ -24,6 +24,9 @@ pub(super) trait Decode {
     /// The values are 8-bit, stored plus 128 with an offset of -128 scales (Q8_0): too
     /// wide for the 16-bit sums of AVX2's byte products.
     const WIDE: bool = false;
+    /// The offset is this multiple of the scale (-8, -16, -128 for the symmetric types
+    /// Q4_0, Q5_0, Q8_0), or 0 where the offset is a value of its own.
+    const OFF_RATIO: f32 = 0.0;
     /// What a block's groups share, decoded once per block.
     type Hdr: Copy;
     const ZERO: Self::Hdr;
@@ -57,6 +60,7 @@ pub(super) struct Q4_0;
 impl Decode for Q4_0 {
     const BYTES: usize = 18;
     const GROUPS: usize = 1;
+    const OFF_RATIO: f32 = -8.0;
     type Hdr = ();
     const ZERO: () = ();
     #[inline(always)]
@@ -86,6 +90,7 @@ pub(super) struct Q5_0;
 impl Decode for Q5_0 {
     const BYTES: usize = 22;
     const GROUPS: usize = 1;
+    const OFF_RATIO: f32 = -16.0;
     type Hdr = ();
     const ZERO: () = ();
     #[inline(always)]
@@ -120,6 +125,7 @@ impl Decode for Q8_0 {
     const BYTES: usize = 34;
     const GROUPS: usize = 1;
     const WIDE: bool = true;
+    const OFF_RATIO: f32 = -128.0;
     type Hdr = ();
     const ZERO: () = ();
     #[inline(always)]
