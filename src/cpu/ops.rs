@@ -38,29 +38,47 @@ pub fn rms_norm(
         )));
     }
     let n_rows = x.len() / n;
-    let row = |xr: &[f32], yr: &mut [f32]| {
+    // Splitting pays only for batches; a single token's rows are a few microseconds.
+    if n_rows * n < 1 << 15 || pool.n_threads() == 1 {
+        norm_rows(x, w, y, n, eps);
+        return Ok(());
+    }
+    let out = SharedMut::new(y);
+    pool.run(&|ith, nth| {
+        let r = split(n_rows, ith, nth);
+        // SAFETY: rows are split between threads without overlap.
+        let yr = unsafe { out.slice(r.start * n, r.len() * n) };
+        norm_rows(&x[r.start * n..r.end * n], w, yr, n, eps);
+    });
+    Ok(())
+}
+
+/// [`rms_norm`]'s rows on one thread, in 256-bit vectors where the CPU has them (the
+/// same bits: the sums keep their order and nothing is fused).
+fn norm_rows(x: &[f32], w: &[f32], y: &mut [f32], n: usize, eps: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { norm_rows_avx2(x, w, y, n, eps) };
+    }
+    norm_rows_body(x, w, y, n, eps)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn norm_rows_avx2(x: &[f32], w: &[f32], y: &mut [f32], n: usize, eps: f32) {
+    norm_rows_body(x, w, y, n, eps)
+}
+
+#[inline(always)]
+fn norm_rows_body(x: &[f32], w: &[f32], y: &mut [f32], n: usize, eps: f32) {
+    for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
         let ss: f32 = dot(xr, xr);
         let inv = 1.0 / (ss / n as f32 + eps).sqrt();
         for ((y, x), w) in yr.iter_mut().zip(xr).zip(w) {
             *y = x * inv * w;
         }
-    };
-    // Splitting pays only for batches; a single token's rows are a few microseconds.
-    if n_rows * n < 1 << 15 || pool.n_threads() == 1 {
-        for (xr, yr) in x.chunks_exact(n).zip(y.chunks_exact_mut(n)) {
-            row(xr, yr);
-        }
-        return Ok(());
     }
-    let out = SharedMut::new(y);
-    pool.run(&|ith, nth| {
-        for r in split(n_rows, ith, nth) {
-            // SAFETY: rows are split between threads without overlap.
-            let yr = unsafe { out.slice(r * n, n) };
-            row(&x[r * n..(r + 1) * n], yr);
-        }
-    });
-    Ok(())
 }
 
 /// The (cos, sin) pairs of a step's positions, kept between the rope calls of a layer
