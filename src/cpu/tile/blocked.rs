@@ -299,10 +299,39 @@ impl<const R: usize> Decoded<R> {
     }
 }
 
+/// Where a tile's tokens are: the plan, the first token, and each register's
+/// activations (their block's groups, then their place in the block).
+struct Tokens<'a, const NB: usize> {
+    p: &'a Plan,
+    t0: usize,
+    a: [*const i8; NB],
+}
+
+impl<'a, const NB: usize> Tokens<'a, NB> {
+    #[inline(always)]
+    unsafe fn new<L: Lanes>(p: &'a Plan, t0: usize) -> Self {
+        let ng = p.n_cols / 32;
+        let mut a = [std::ptr::null::<i8>(); NB];
+        for (n, a) in a.iter_mut().enumerate() {
+            let t = t0 + n * L::N;
+            *a =
+                p.qt.as_ptr()
+                    .add((t / BLOCK * ng) * 32 * BLOCK + t % BLOCK * 4);
+        }
+        Tokens { p, t0, a }
+    }
+
+    /// Register n's lanes of the plan's per-group row `v` ([group][stride]) at group g.
+    #[inline(always)]
+    unsafe fn at<L: Lanes>(&self, v: &[f32], g: usize, n: usize) -> L::F {
+        L::load_f(v.as_ptr().add(g * self.p.stride + self.t0 + n * L::N))
+    }
+}
+
 /// The tile of R rows (from r0) by NB registers of tokens (from t0, a whole number of
 /// blocks) over the chunk's first `n_groups` groups, which start at group g0 of the row;
 /// stored into `out`, or added to it with `add`.
-#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
     dec: &Decoded<R>,
@@ -315,149 +344,199 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
     add: bool,
 ) {
     const { assert!(NB * L::N % BLOCK == 0 && NB * L::N <= 64) };
-    let ng = p.n_cols / 32;
+    let tk = Tokens::<NB>::new::<L>(p, t0);
     let mut acc = [[L::zero_f(); NB]; R];
-    // Register n's tokens: their block's groups, then their place in the block.
-    let mut a_reg = [std::ptr::null::<i8>(); NB];
-    for n in 0..NB {
-        let t = t0 + n * L::N;
-        a_reg[n] =
-            p.qt.as_ptr()
-                .add((t / BLOCK * ng) * 32 * BLOCK + t % BLOCK * 4);
-    }
-    // The K-quants' activations (Q8_K) have one scale per block of 8 groups: their
-    // groups' sums go into `blk` without it, and each block's sum is scaled once. Types
-    // scaled per 16 values fold a group's first half in before its second is summed.
-    let per_block = D::GROUPS > 1;
+    // The K-quants' running block sums (see `scale_block`).
     let mut blk = [[L::zero_f(); NB]; R];
     for k in 0..n_groups {
         let g = g0 + k;
-        // Integer dots of the first and (for types scaled per 16 values) last 16 values.
-        let mut lo = [[L::zero_i(); NB]; R];
-        let mut hi = [[L::zero_i(); NB]; R];
-        // Pieces in pairs: (0, 1), (2, 3) the first half, (4, 5), (6, 7) the second.
-        for c in (0..8).step_by(2) {
-            if per_block && D::HALVES && c == 4 {
-                for r in 0..R {
-                    for n in 0..NB {
-                        blk[r][n] = L::fold(blk[r][n], lo[r][n], dec.sc[k][r][0]);
-                        lo[r][n] = L::zero_i();
-                    }
-                }
-            }
-            let mut a = [[L::zero_i(); NB]; 2];
-            for (h, a) in a.iter_mut().enumerate() {
-                for n in 0..NB {
-                    a[n] = L::load_i(a_reg[n].add(g * 32 * BLOCK + (c + h) * 4 * BLOCK));
-                }
-            }
+        let (lo, hi) = group_dots::<D, L, R, NB>(dec, k, g, &tk, &mut blk);
+        if D::GROUPS > 1 {
+            scale_block::<D, L, R, NB>(dec, k, g, &tk, &lo, &mut blk, &mut acc);
+        } else if D::OFF_RATIO != 0.0 {
+            scale_proportional::<D, L, R, NB>(dec, k, g, &tk, &lo, &mut acc);
+        } else {
+            scale_group::<D, L, R, NB>(dec, k, g, &tk, &lo, &hi, &mut acc);
+        }
+    }
+    store_tile::<L, R, NB>(&acc, p, r0, t0, out, add);
+}
+
+/// Group g's (slot k's) integer dots of the tile's rows and tokens: of its first 16
+/// values and, for types scaled per 16 values outside the K-quants' block sums, its last
+/// 16 apart. The K-quants with halves fold the first half into `blk` (see `scale_block`)
+/// before summing the second into the same registers.
+#[allow(clippy::needless_range_loop, clippy::type_complexity)]
+#[inline(always)]
+unsafe fn group_dots<D: Decode, L: Lanes, const R: usize, const NB: usize>(
+    dec: &Decoded<R>,
+    k: usize,
+    g: usize,
+    tk: &Tokens<'_, NB>,
+    blk: &mut [[L::F; NB]; R],
+) -> ([[L::I; NB]; R], [[L::I; NB]; R]) {
+    let per_block = D::GROUPS > 1;
+    let mut lo = [[L::zero_i(); NB]; R];
+    let mut hi = [[L::zero_i(); NB]; R];
+    // Pieces in pairs: (0, 1), (2, 3) the first half, (4, 5), (6, 7) the second.
+    for c in (0..8).step_by(2) {
+        if per_block && D::HALVES && c == 4 {
             for r in 0..R {
-                let w0 = L::splat4(dec.q[k][r].as_ptr().add(4 * c));
-                let w1 = L::splat4(dec.q[k][r].as_ptr().add(4 * c + 4));
-                if D::WIDE && !L::WIDE_OK {
-                    // Q8_0 on AVX2: the true signed values, one piece at a time; their
-                    // offset of -128 scales is then left out below.
-                    let ((s0, a0), (s1, a1)) = (L::signed(w0), L::signed(w1));
-                    for n in 0..NB {
-                        lo[r][n] = L::dot_signed(lo[r][n], s0, a0, a[0][n]);
-                        lo[r][n] = L::dot_signed(lo[r][n], s1, a1, a[1][n]);
-                    }
-                    continue;
-                }
                 for n in 0..NB {
-                    if D::HALVES && c >= 4 && !per_block {
-                        hi[r][n] = L::dot2(hi[r][n], [w0, w1], [a[0][n], a[1][n]]);
-                    } else {
-                        lo[r][n] = L::dot2(lo[r][n], [w0, w1], [a[0][n], a[1][n]]);
-                    }
+                    blk[r][n] = L::fold(blk[r][n], lo[r][n], dec.sc[k][r][0]);
+                    lo[r][n] = L::zero_i();
                 }
             }
         }
-        let at = g * p.stride + t0;
-        if per_block {
+        let mut a = [[L::zero_i(); NB]; 2];
+        for (h, a) in a.iter_mut().enumerate() {
             for n in 0..NB {
-                for r in 0..R {
-                    let (sc, off) = (dec.sc[k][r], dec.off[k][r]);
-                    let b = &mut blk[r][n];
-                    if D::HALVES {
-                        // `lo` holds the second half here.
-                        *b = L::fold(*b, lo[r][n], sc[1]);
-                        let sb16 = p.sb16.as_ptr().add(2 * g * p.stride + t0 + n * L::N);
-                        *b = L::offset(*b, off[0], L::load_f(sb16));
-                        *b = L::offset(*b, off[1], L::load_f(sb16.add(p.stride)));
-                    } else {
-                        *b = L::fold(*b, lo[r][n], sc[0]);
-                        let sb = L::load_f(p.sb.as_ptr().add(at + n * L::N));
-                        *b = L::offset(*b, off[0], sb);
-                    }
-                }
+                a[n] = L::load_i(tk.a[n].add(g * 32 * BLOCK + (c + h) * 4 * BLOCK));
             }
-            if (g + 1) % D::GROUPS == 0 {
+        }
+        for r in 0..R {
+            let w0 = L::splat4(dec.q[k][r].as_ptr().add(4 * c));
+            let w1 = L::splat4(dec.q[k][r].as_ptr().add(4 * c + 4));
+            if D::WIDE && !L::WIDE_OK {
+                // Q8_0 on AVX2: the true signed values, one piece at a time; their
+                // offset of -128 scales is then left out.
+                let ((s0, a0), (s1, a1)) = (L::signed(w0), L::signed(w1));
                 for n in 0..NB {
-                    let d = L::load_f(p.d.as_ptr().add(at + n * L::N));
-                    for r in 0..R {
-                        acc[r][n] = L::fmadd(acc[r][n], blk[r][n], d);
-                        blk[r][n] = L::zero_f();
-                    }
+                    lo[r][n] = L::dot_signed(lo[r][n], s0, a0, a[0][n]);
+                    lo[r][n] = L::dot_signed(lo[r][n], s1, a1, a[1][n]);
                 }
+                continue;
             }
-            continue;
-        }
-        if D::OFF_RATIO != 0.0 {
-            // Offsets of a fixed multiple of the scale: acc += sc * (dot * d + ratio * s),
-            // one float instruction a row fewer. Q8_0 on AVX2 sums the true signed values
-            // and has no offset.
-            let ratio = if D::WIDE && !L::WIDE_OK {
-                0.0
-            } else {
-                D::OFF_RATIO
-            };
             for n in 0..NB {
-                let d = L::load_f(p.d.as_ptr().add(at + n * L::N));
-                let s = L::load_f(p.s.as_ptr().add(at + n * L::N));
-                let rs = L::offset(L::zero_f(), ratio, s);
-                for r in 0..R {
-                    let t = L::dot_times(lo[r][n], d, rs);
-                    acc[r][n] = L::offset(acc[r][n], dec.sc[k][r][0], t);
-                }
-            }
-            continue;
-        }
-        for n in 0..NB {
-            let d = L::load_f(p.d.as_ptr().add(at + n * L::N));
-            for r in 0..R {
-                let (sc, off) = (dec.sc[k][r], dec.off[k][r]);
-                let off = if D::WIDE && !L::WIDE_OK {
-                    [0.0; 2]
+                if D::HALVES && c >= 4 && !per_block {
+                    hi[r][n] = L::dot2(hi[r][n], [w0, w1], [a[0][n], a[1][n]]);
                 } else {
-                    off
-                };
-                acc[r][n] = L::scaled(acc[r][n], lo[r][n], d, sc[0]);
-                if D::HALVES {
-                    acc[r][n] = L::scaled(acc[r][n], hi[r][n], d, sc[1]);
-                    let s16 = p.s16.as_ptr().add(2 * g * p.stride + t0 + n * L::N);
-                    acc[r][n] = L::offset(acc[r][n], off[0], L::load_f(s16));
-                    acc[r][n] = L::offset(acc[r][n], off[1], L::load_f(s16.add(p.stride)));
-                } else {
-                    let s = L::load_f(p.s.as_ptr().add(at + n * L::N));
-                    acc[r][n] = L::offset(acc[r][n], off[0], s);
+                    lo[r][n] = L::dot2(lo[r][n], [w0, w1], [a[0][n], a[1][n]]);
                 }
             }
         }
     }
+    (lo, hi)
+}
+
+/// The K-quants: their activations (Q8_K) have one scale per block of 8 groups, so a
+/// group's dots, weight scales and offsets (against the unscaled activation sums) go
+/// into `blk`, and each block's sum is scaled into `acc` once. `lo` holds the whole
+/// group, or its second half for types scaled per 16 values (`group_dots`).
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn scale_block<D: Decode, L: Lanes, const R: usize, const NB: usize>(
+    dec: &Decoded<R>,
+    k: usize,
+    g: usize,
+    tk: &Tokens<'_, NB>,
+    lo: &[[L::I; NB]; R],
+    blk: &mut [[L::F; NB]; R],
+    acc: &mut [[L::F; NB]; R],
+) {
+    let p = tk.p;
+    for n in 0..NB {
+        for r in 0..R {
+            let (sc, off) = (dec.sc[k][r], dec.off[k][r]);
+            let b = &mut blk[r][n];
+            if D::HALVES {
+                *b = L::fold(*b, lo[r][n], sc[1]);
+                *b = L::offset(*b, off[0], tk.at::<L>(&p.sb16, 2 * g, n));
+                *b = L::offset(*b, off[1], tk.at::<L>(&p.sb16, 2 * g + 1, n));
+            } else {
+                *b = L::fold(*b, lo[r][n], sc[0]);
+                *b = L::offset(*b, off[0], tk.at::<L>(&p.sb, g, n));
+            }
+        }
+    }
+    if (g + 1) % D::GROUPS == 0 {
+        for n in 0..NB {
+            let d = tk.at::<L>(&p.d, g, n);
+            for r in 0..R {
+                acc[r][n] = L::fmadd(acc[r][n], blk[r][n], d);
+                blk[r][n] = L::zero_f();
+            }
+        }
+    }
+}
+
+/// Types whose offset is a fixed multiple of the scale (Q4_0, Q5_0, Q8_0):
+/// acc += sc * (dot * d + ratio * s), one float instruction a row fewer than
+/// `scale_group`. Q8_0 on AVX2 sums the true signed values and has no offset.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn scale_proportional<D: Decode, L: Lanes, const R: usize, const NB: usize>(
+    dec: &Decoded<R>,
+    k: usize,
+    g: usize,
+    tk: &Tokens<'_, NB>,
+    lo: &[[L::I; NB]; R],
+    acc: &mut [[L::F; NB]; R],
+) {
+    let ratio = if D::WIDE && !L::WIDE_OK {
+        0.0
+    } else {
+        D::OFF_RATIO
+    };
+    for n in 0..NB {
+        let d = tk.at::<L>(&tk.p.d, g, n);
+        let rs = L::offset(L::zero_f(), ratio, tk.at::<L>(&tk.p.s, g, n));
+        for r in 0..R {
+            let t = L::dot_times(lo[r][n], d, rs);
+            acc[r][n] = L::offset(acc[r][n], dec.sc[k][r][0], t);
+        }
+    }
+}
+
+/// The other types (Q4_1, Q5_1): acc += dot * d * sc + off * s, per half where the
+/// type has two.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn scale_group<D: Decode, L: Lanes, const R: usize, const NB: usize>(
+    dec: &Decoded<R>,
+    k: usize,
+    g: usize,
+    tk: &Tokens<'_, NB>,
+    lo: &[[L::I; NB]; R],
+    hi: &[[L::I; NB]; R],
+    acc: &mut [[L::F; NB]; R],
+) {
+    let p = tk.p;
+    for n in 0..NB {
+        let d = tk.at::<L>(&p.d, g, n);
+        for r in 0..R {
+            let (sc, off) = (dec.sc[k][r], dec.off[k][r]);
+            acc[r][n] = L::scaled(acc[r][n], lo[r][n], d, sc[0]);
+            if D::HALVES {
+                acc[r][n] = L::scaled(acc[r][n], hi[r][n], d, sc[1]);
+                acc[r][n] = L::offset(acc[r][n], off[0], tk.at::<L>(&p.s16, 2 * g, n));
+                acc[r][n] = L::offset(acc[r][n], off[1], tk.at::<L>(&p.s16, 2 * g + 1, n));
+            } else {
+                acc[r][n] = L::offset(acc[r][n], off[0], tk.at::<L>(&p.s, g, n));
+            }
+        }
+    }
+}
+
+/// The tile's results into `out` (added to it with `add`), for the batch's tokens only.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn store_tile<L: Lanes, const R: usize, const NB: usize>(
+    acc: &[[L::F; NB]; R],
+    p: &Plan,
+    r0: usize,
+    t0: usize,
+    out: Out,
+    add: bool,
+) {
     let valid = (p.n_tokens - t0).min(NB * L::N);
     if R == 4 {
         // Four rows: each token's four results are adjacent in `out`, stored as one.
         for n in 0..NB {
             let rows = [acc[0][n], acc[1][n], acc[2][n], acc[3][n]];
             let y = out.y.add((t0 + n * L::N) * out.ld + r0);
-            L::put4(
-                rows,
-                y,
-                out.ld,
-                valid.saturating_sub(n * L::N).min(L::N),
-                add,
-            );
+            let count = valid.saturating_sub(n * L::N).min(L::N);
+            L::put4(rows, y, out.ld, count, add);
         }
         return;
     }
