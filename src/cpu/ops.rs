@@ -1,7 +1,7 @@
 //! Elementwise kernels of the CPU backend, with the semantics of the GPU ops and their
 //! references in `crate::ops`.
 
-use super::pool::{split, Pool, SharedMut};
+use super::pool::Pool;
 use crate::ops::glu::Activation;
 use crate::ops::rope::{Rope, RopeMode};
 use crate::{Error, Result};
@@ -37,18 +37,9 @@ pub fn rms_norm(
             w.len()
         )));
     }
-    let n_rows = x.len() / n;
-    // Splitting pays only for batches; a single token's rows are a few microseconds.
-    if n_rows * n < 1 << 15 || pool.n_threads() == 1 {
-        norm_rows(x, w, y, n, eps);
-        return Ok(());
-    }
-    let out = SharedMut::new(y);
-    pool.run(&|ith, nth| {
-        let r = split(n_rows, ith, nth);
-        // SAFETY: rows are split between threads without overlap.
-        let yr = unsafe { out.slice(r.start * n, r.len() * n) };
-        norm_rows(&x[r.start * n..r.end * n], w, yr, n, eps);
+    // A batch's rows over the threads; a single token's are a few microseconds.
+    pool.split_out(&mut y[..x.len()], n, &|rows, yr| {
+        norm_rows(&x[rows.start * n..rows.end * n], w, yr, n, eps)
     });
     Ok(())
 }
@@ -148,18 +139,9 @@ pub fn rope(pool: &Pool, r: &Rope, x: &mut [f32], pos0: u32, table: &mut RopeTab
             }
         }
     };
-    let (row, cs) = (hd * nh, &table.cs);
-    if x.len() < 1 << 15 || pool.n_threads() == 1 {
-        for (t, xt) in x.chunks_exact_mut(row).enumerate() {
-            token(xt, &cs[t * half..(t + 1) * half]);
-        }
-        return Ok(());
-    }
-    let out = SharedMut::new(x);
-    pool.run(&|ith, nth| {
-        for t in split(n_tokens, ith, nth) {
-            // SAFETY: tokens are split between threads without overlap.
-            let xt = unsafe { out.slice(t * row, row) };
+    let cs = &table.cs;
+    pool.split_out(x, hd * nh, &|tokens, xs| {
+        for (t, xt) in tokens.zip(xs.chunks_exact_mut(hd * nh)) {
             token(xt, &cs[t * half..(t + 1) * half]);
         }
     });
@@ -192,15 +174,8 @@ pub fn exp_fast(x: f32) -> f32 {
 /// other threads waited for them.)
 pub fn glu(pool: &Pool, gate: &[f32], up: &[f32], out: &mut [f32], act: Activation) {
     let n = out.len().min(gate.len()).min(up.len());
-    if n < 1 << 15 || pool.n_threads() == 1 {
-        return glu_part(&gate[..n], &up[..n], &mut out[..n], act);
-    }
-    let o = SharedMut::new(&mut out[..n]);
-    pool.run(&|ith, nth| {
-        let r = split(n, ith, nth);
-        // SAFETY: the ranges of `split` do not overlap.
-        let part = unsafe { o.slice(r.start, r.len()) };
-        glu_part(&gate[r.clone()], &up[r], part, act);
+    pool.split_out(&mut out[..n], 1, &|r, part| {
+        glu_part(&gate[r.clone()], &up[r], part, act)
     });
 }
 

@@ -112,6 +112,29 @@ impl Pool {
         });
     }
 
+    /// Runs `f(items, part)` over the items of `out`, `item_len` values each: the items
+    /// split into one contiguous range per thread, `part` being their values. On this
+    /// thread alone, with all of them, when `out` holds fewer than 32768 values: below
+    /// that, waking the other threads costs more than they save.
+    pub fn split_out<T: Send>(
+        &self,
+        out: &mut [T],
+        item_len: usize,
+        f: &(dyn Fn(std::ops::Range<usize>, &mut [T]) + Sync),
+    ) {
+        let n_items = out.len() / item_len.max(1);
+        if out.len() < 1 << 15 || self.n_threads() == 1 {
+            return f(0..n_items, out);
+        }
+        let o = SharedMut::new(out);
+        self.run(&|ith, nth| {
+            let items = split(n_items, ith, nth);
+            // SAFETY: the ranges of `split` do not overlap.
+            let part = unsafe { o.slice(items.start * item_len, items.len() * item_len) };
+            f(items, part);
+        });
+    }
+
     /// Runs `f(i, n_threads)` once for every `i` in `0..n_threads`, spread over the
     /// pool's threads, and returns when all are done. A panic in any of them is
     /// re-raised here.
