@@ -57,14 +57,19 @@ impl KvCache {
             )));
         }
         // Whole slices convert in vector code (F16C where the CPU has it); one value
-        // at a time, the stores were 1% of a prompt.
-        let mut kh = vec![f16::ZERO; kd];
+        // at a time, the stores were 1% of a prompt. Keys go through a small buffer on
+        // the stack on their way into the panels.
+        const PART: usize = 64;
+        let mut kh = [f16::ZERO; PART];
         for (t, kt) in k[..n].chunks_exact(kd).enumerate() {
-            kh.convert_from_f32_slice(kt);
             let p = pos + t;
             let panel = &mut self.k[p / PANEL * PANEL * kd..][..PANEL * kd];
-            for (i, x) in kh.iter().enumerate() {
-                panel[i * PANEL + p % PANEL] = x.to_bits();
+            for (c, part) in kt.chunks(PART).enumerate() {
+                let kh = &mut kh[..part.len()];
+                kh.convert_from_f32_slice(part);
+                for (i, x) in kh.iter().enumerate() {
+                    panel[(c * PART + i) * PANEL + p % PANEL] = x.to_bits();
+                }
             }
         }
         let vs: &mut [f16] = bytemuck::cast_slice_mut(&mut self.v[pos * kd..][..n]);
