@@ -350,23 +350,22 @@ unsafe fn block_tile<D: Decode, L: Lanes, const R: usize, const NB: usize>(
     let mut blk = [[L::zero_f(); NB]; R];
     for k in 0..n_groups {
         let g = g0 + k;
-        let (lo, hi) = group_dots::<D, L, R, NB>(dec, k, g, &tk, &mut blk);
+        let lo = group_dots::<D, L, R, NB>(dec, k, g, &tk, &mut blk);
         if D::GROUPS > 1 {
             scale_block::<D, L, R, NB>(dec, k, g, &tk, &lo, &mut blk, &mut acc);
         } else if D::OFF_RATIO != 0.0 {
             scale_proportional::<D, L, R, NB>(dec, k, g, &tk, &lo, &mut acc);
         } else {
-            scale_group::<D, L, R, NB>(dec, k, g, &tk, &lo, &hi, &mut acc);
+            scale_group::<D, L, R, NB>(dec, k, g, &tk, &lo, &mut acc);
         }
     }
     store_tile::<L, R, NB>(&acc, p, r0, t0, out, add);
 }
 
-/// Group g's (slot k's) integer dots of the tile's rows and tokens: of its first 16
-/// values and, for types scaled per 16 values outside the K-quants' block sums, its last
-/// 16 apart. The K-quants with halves fold the first half into `blk` (see `scale_block`)
-/// before summing the second into the same registers.
-#[allow(clippy::needless_range_loop, clippy::type_complexity)]
+/// Group g's (slot k's) integer dots of the tile's rows and tokens. The types scaled per
+/// 16 values (all K-quants) fold the first half into `blk` (see `scale_block`) before
+/// summing the second into the same registers.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn group_dots<D: Decode, L: Lanes, const R: usize, const NB: usize>(
     dec: &Decoded<R>,
@@ -374,13 +373,12 @@ unsafe fn group_dots<D: Decode, L: Lanes, const R: usize, const NB: usize>(
     g: usize,
     tk: &Tokens<'_, NB>,
     blk: &mut [[L::F; NB]; R],
-) -> ([[L::I; NB]; R], [[L::I; NB]; R]) {
-    let per_block = D::GROUPS > 1;
+) -> [[L::I; NB]; R] {
+    const { assert!(!D::HALVES || D::GROUPS > 1) };
     let mut lo = [[L::zero_i(); NB]; R];
-    let mut hi = [[L::zero_i(); NB]; R];
     // Pieces in pairs: (0, 1), (2, 3) the first half, (4, 5), (6, 7) the second.
     for c in (0..8).step_by(2) {
-        if per_block && D::HALVES && c == 4 {
+        if D::HALVES && c == 4 {
             for r in 0..R {
                 for n in 0..NB {
                     blk[r][n] = L::fold(blk[r][n], lo[r][n], dec.sc[k][r][0]);
@@ -408,15 +406,11 @@ unsafe fn group_dots<D: Decode, L: Lanes, const R: usize, const NB: usize>(
                 continue;
             }
             for n in 0..NB {
-                if D::HALVES && c >= 4 && !per_block {
-                    hi[r][n] = L::dot2(hi[r][n], [w0, w1], [a[0][n], a[1][n]]);
-                } else {
-                    lo[r][n] = L::dot2(lo[r][n], [w0, w1], [a[0][n], a[1][n]]);
-                }
+                lo[r][n] = L::dot2(lo[r][n], [w0, w1], [a[0][n], a[1][n]]);
             }
         }
     }
-    (lo, hi)
+    lo
 }
 
 /// The K-quants: their activations (Q8_K) have one scale per block of 8 groups, so a
@@ -488,8 +482,7 @@ unsafe fn scale_proportional<D: Decode, L: Lanes, const R: usize, const NB: usiz
     }
 }
 
-/// The other types (Q4_1, Q5_1): acc += dot * d * sc + off * s, per half where the
-/// type has two.
+/// The other types (Q4_1, Q5_1): acc += dot * d * sc + off * s.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn scale_group<D: Decode, L: Lanes, const R: usize, const NB: usize>(
@@ -498,22 +491,16 @@ unsafe fn scale_group<D: Decode, L: Lanes, const R: usize, const NB: usize>(
     g: usize,
     tk: &Tokens<'_, NB>,
     lo: &[[L::I; NB]; R],
-    hi: &[[L::I; NB]; R],
     acc: &mut [[L::F; NB]; R],
 ) {
     let p = tk.p;
     for n in 0..NB {
         let d = tk.at::<L>(&p.d, g, n);
+        let s = tk.at::<L>(&p.s, g, n);
         for r in 0..R {
             let (sc, off) = (dec.sc[k][r], dec.off[k][r]);
             acc[r][n] = L::scaled(acc[r][n], lo[r][n], d, sc[0]);
-            if D::HALVES {
-                acc[r][n] = L::scaled(acc[r][n], hi[r][n], d, sc[1]);
-                acc[r][n] = L::offset(acc[r][n], off[0], tk.at::<L>(&p.s16, 2 * g, n));
-                acc[r][n] = L::offset(acc[r][n], off[1], tk.at::<L>(&p.s16, 2 * g + 1, n));
-            } else {
-                acc[r][n] = L::offset(acc[r][n], off[0], tk.at::<L>(&p.s, g, n));
-            }
+            acc[r][n] = L::offset(acc[r][n], off[0], s);
         }
     }
 }
@@ -570,7 +557,7 @@ pub(super) unsafe fn rows_times_blocks<
     out: Out,
 ) {
     // The tiles write to a buffer of this call's rows, [token][row]: written into `out`
-    // directly, a tile's 16 tokens are 16 lines a whole output row apart, which for
+    // directly, a tile's tokens are as many lines a whole output row apart, which for
     // wide matrices share one L1 set and miss on every store (a third of the time).
     let len = rows.len();
     // Every value is stored before it is read back, so the buffer only ever grows.

@@ -44,8 +44,9 @@ pub struct Plan {
     act: Option<ActType>,
     n_cols: usize,
     n_tokens: usize,
-    /// Tokens per group in `d`, `s` and `s16`: `n_tokens` rounded up to whole blocks,
-    /// plus room for an 8-wide load at the last token; the padding holds zeros.
+    /// Tokens per group in `d`, `s`, `s16`, `sb` and `sb16`: `n_tokens` rounded up to
+    /// whole blocks, plus room for an 8-wide load at the last token. The padding holds
+    /// whatever an earlier plan left: its lanes are computed but never stored.
     stride: usize,
     /// Planned in blocks of [`BLOCK`] tokens (`qt`), else token by token (`qs`).
     blocked: bool,
@@ -54,16 +55,17 @@ pub struct Plan {
     qs: Vec<i8>,
     /// [n_blocks][n_groups][8][BLOCK][4] i8 values (blocked plans): piece c (values 4c..
     /// 4c + 4) of a group for the block's 16 tokens side by side, a block's groups in
-    /// order. Tokens past the batch's end are zeros.
+    /// order. Tokens past the batch's end hold stale values, as the padding above.
     qt: Vec<i8>,
     /// [n_groups][stride] scales.
     d: Vec<f32>,
-    /// [n_groups][stride] scale times the sum of the group's values.
+    /// [n_groups][stride] scale times the sum of the group's values (Q8_K: unblocked
+    /// plans only).
     s: Vec<f32>,
-    /// [2 n_groups][stride] the same per 16 values (Q8_K activations only).
+    /// [2 n_groups][stride] the same per 16 values (Q8_K activations, unblocked plans).
     s16: Vec<f32>,
-    /// `s` and `s16` without the scale (Q8_K only, whose scale is one per 8 groups: the
-    /// batch kernel applies it once per block).
+    /// `s` and `s16` without the scale, for Q8_K's blocked plans, whose kernel applies
+    /// the scale (one per 8 groups) once per block.
     sb: Vec<f32>,
     sb16: Vec<f32>,
 }
@@ -136,11 +138,15 @@ impl Plan {
         grow(&mut self.qs, qs);
         grow(&mut self.qt, qt);
         grow(&mut self.d, ng * stride);
-        grow(&mut self.s, ng * stride);
+        // The sums each kernel reads: Q8_K's blocked plans without the scale.
+        let (s, s16) = if at == ActType::Q8_K && self.blocked {
+            (&mut self.sb, &mut self.sb16)
+        } else {
+            (&mut self.s, &mut self.s16)
+        };
+        grow(s, ng * stride);
         if at == ActType::Q8_K {
-            grow(&mut self.s16, 2 * ng * stride);
-            grow(&mut self.sb, ng * stride);
-            grow(&mut self.sb16, 2 * ng * stride);
+            grow(s16, 2 * ng * stride);
         }
         let fill = Fill {
             qs: self.qs.as_mut_ptr(),
@@ -227,15 +233,18 @@ impl Fill {
                 self.put_group(8 * b + j, t, vals);
             }
             let bsum = |j: usize| i16::from_le_bytes([blk[260 + 2 * j], blk[261 + 2 * j]]) as f32;
+            // Blocked plans keep the sums unscaled, in `sb` and `sb16` (see `Plan`).
+            let (scale, s, s16) = if self.blocked {
+                (1.0, self.sb, self.sb16)
+            } else {
+                (d, self.s, self.s16)
+            };
             for j in 0..8 {
                 let (g, st) = (8 * b + j, self.stride);
                 *self.d.add(g * st + t) = d;
-                *self.s.add(g * st + t) = d * (bsum(2 * j) + bsum(2 * j + 1));
-                *self.s16.add(2 * g * st + t) = d * bsum(2 * j);
-                *self.s16.add((2 * g + 1) * st + t) = d * bsum(2 * j + 1);
-                *self.sb.add(g * st + t) = bsum(2 * j) + bsum(2 * j + 1);
-                *self.sb16.add(2 * g * st + t) = bsum(2 * j);
-                *self.sb16.add((2 * g + 1) * st + t) = bsum(2 * j + 1);
+                *s.add(g * st + t) = scale * (bsum(2 * j) + bsum(2 * j + 1));
+                *s16.add(2 * g * st + t) = scale * bsum(2 * j);
+                *s16.add((2 * g + 1) * st + t) = scale * bsum(2 * j + 1);
             }
         }
     }
