@@ -1,6 +1,8 @@
 //! Throughput of the CPU matmul per weight type: GB/s of weight bytes streamed, at one
 //! token (generation) and 64 tokens (prompt processing), on the pool's threads.
-//! `cargo bench --bench cpu_kernels [-- THREADS] [big | shape=COLSxROWS] [batch=N]`; with `model` it times the CpuModel
+//! `cargo bench --bench cpu_kernels [-- THREADS] [big | shape=COLSxROWS] [batch=N]`; with
+//! `attn` it times attention over a cache of f16 keys and values instead (`heads=Q/KV`,
+//! `hd=N`, `keys=N`, `batch=N`: GB/s of keys and values read); with `model` it times the CpuModel
 //! on the models in `models/` instead, as `llama-bench -p 64 -n 32` does (pp64: one
 //! batch of 64 tokens; tg32: 32 single-token steps), mean ± sd over the repetitions.
 
@@ -42,6 +44,10 @@ fn main() {
         return;
     }
     let pool = Pool::new(threads);
+    if std::env::args().any(|a| a == "attn") {
+        attention_speed(&pool);
+        return;
+    }
     // `avx2`, `neon` (NEON without `sdot`) or `scalar` on the command line picks a
     // lesser instruction set.
     let isa = if std::env::args().any(|a| a == "scalar") {
@@ -219,6 +225,70 @@ mod peak {
         _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, sum);
         out.iter().sum()
     }
+}
+
+/// Attention of `batch` query tokens (default 1: generation) over `keys` cached
+/// positions, as a model layer runs it: GB/s of f16 keys and values read (each once per
+/// call) and GFLOP/s of the two products.
+fn attention_speed(pool: &Pool) {
+    use wgllm::cpu::attention::{attention, AttnScratch};
+    use wgllm::cpu::kv_cache::KvCache;
+    use wgllm::ops::attention::Attention;
+    let arg = |key: &str| std::env::args().find_map(|a| a.strip_prefix(key).map(str::to_string));
+    let num = |key: &str, d: usize| arg(key).and_then(|v| v.parse().ok()).unwrap_or(d);
+    let (nh, nkv) = arg("heads=")
+        .and_then(|h| {
+            let (q, kv) = h.split_once('/')?;
+            Some((q.parse().ok()?, kv.parse().ok()?))
+        })
+        .unwrap_or((9usize, 3usize));
+    let (hd, n_keys, n_tokens) = (num("hd=", 64), num("keys=", 4096), num("batch=", 1));
+    let a = Attention {
+        head_dim: hd as u32,
+        n_head: nh as u32,
+        n_head_kv: nkv as u32,
+        n_ctx: n_keys as u32,
+        window: 0,
+        scale: 1.0 / (hd as f32).sqrt(),
+    };
+    let kd = hd * nkv;
+    // `layers=N` caches, walked in turn as a model's layers are: more than the last-level
+    // cache holds puts the reads on memory, where generation finds them.
+    let caches: Vec<KvCache> = (0..num("layers=", 1))
+        .map(|l| {
+            let mut cache = KvCache::new(kd, n_keys).unwrap();
+            let k = values(kd * n_keys, 3 + 2 * l as u32);
+            let v = values(kd * n_keys, 4 + 2 * l as u32);
+            cache.store(&k, &v, 0, n_keys).unwrap();
+            cache
+        })
+        .collect();
+    let q = values(hd * nh * n_tokens, 5);
+    let mut out = vec![0f32; q.len()];
+    let scratch = AttnScratch::new(pool.n_threads());
+    let pos = n_keys - n_tokens;
+    let mut run = |cache: &KvCache| {
+        attention(pool, &a, &q, cache, &mut out, pos, n_tokens, &scratch).unwrap()
+    };
+    caches.iter().for_each(&mut run);
+    let t0 = Instant::now();
+    let mut iters = 0u32;
+    while t0.elapsed().as_secs_f64() < 0.5 {
+        caches.iter().for_each(&mut run);
+        iters += caches.len() as u32;
+    }
+    let s = t0.elapsed().as_secs_f64() / iters as f64;
+    let bytes = (2 * kd * n_keys * 2) as f64;
+    let flops = (4 * hd * nh * n_tokens * n_keys) as f64;
+    println!(
+        "attention heads {nh}/{nkv} hd {hd} keys {n_keys} tokens {n_tokens} layers {}, {} threads: \
+         {:.4} ms, {:.2} GB/s of K and V, {:.1} GFLOP/s",
+        caches.len(),
+        pool.n_threads(),
+        s * 1e3,
+        bytes / s / 1e9,
+        flops / s / 1e9
+    );
 }
 
 fn model_speed(name: &str, threads: usize) {

@@ -271,32 +271,34 @@ impl Job<'_> {
         (it.tokens.start + r / nhi) * self.n_head + it.heads.start + r % nhi
     }
 
-    /// One block's scores, softmax and weighted sum. On x86-64 with AVX2 each phase is
+    /// One block's scores, softmax and weighted sum; with `ahead` (a block follows in the
+    /// item) the scores and the weighted sum ask for the next block's keys and values as
+    /// they read this one's ([`prefetch_l2`]). On x86-64 with AVX2 each phase is
     /// a function of its own: inlined together, the exponential's constants took
     /// registers the weighted sum's tile needed, and its sums went to the stack.
-    fn block(&self, it: &Item, j0: usize, nb: usize, w: &mut ItemScratch<'_>) {
+    fn block(&self, it: &Item, j0: usize, nb: usize, ahead: bool, w: &mut ItemScratch<'_>) {
         #[cfg(target_arch = "x86_64")]
         if self.wide {
             // SAFETY: `wide` is only true when the CPU has AVX2, FMA and F16C (`wide_vectors`).
             unsafe {
-                self.scores_avx2(it, j0, nb, w.s);
+                self.scores_avx2(it, j0, nb, ahead, w.s);
                 self.softmax_avx2(it, j0, nb, w);
-                self.values_avx2(it, j0, nb, w);
+                self.values_avx2(it, j0, nb, ahead, w);
             }
             return;
         }
         // `F`: fused multiply-add is native.
         const F: bool = cfg!(target_arch = "aarch64");
-        self.scores::<F>(it, j0, nb, w.s);
+        self.scores::<F>(it, j0, nb, ahead, w.s);
         self.softmax_block(it, j0, nb, w);
-        self.weigh_values::<F>(it, j0, nb, w.s, w.acc);
+        self.weigh_values::<F>(it, j0, nb, ahead, w.s, w.acc);
     }
 
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline(never)]
-    unsafe fn scores_avx2(&self, it: &Item, j0: usize, nb: usize, s: &mut [f32]) {
-        self.scores::<true>(it, j0, nb, s)
+    unsafe fn scores_avx2(&self, it: &Item, j0: usize, nb: usize, ahead: bool, s: &mut [f32]) {
+        self.scores::<true>(it, j0, nb, ahead, s)
     }
 
     #[cfg(target_arch = "x86_64")]
@@ -309,8 +311,15 @@ impl Job<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline(never)]
-    unsafe fn values_avx2(&self, it: &Item, j0: usize, nb: usize, w: &mut ItemScratch<'_>) {
-        self.weigh_values::<true>(it, j0, nb, w.s, w.acc)
+    unsafe fn values_avx2(
+        &self,
+        it: &Item,
+        j0: usize,
+        nb: usize,
+        ahead: bool,
+        w: &mut ItemScratch<'_>,
+    ) {
+        self.weigh_values::<true>(it, j0, nb, ahead, w.s, w.acc)
     }
 
     /// The first key position query position `qpos` sees.
@@ -345,9 +354,7 @@ impl Job<'_> {
         let keys = it.keys(lo, self.pos + it.tokens.end);
         for j0 in keys.clone().step_by(self.block) {
             let nb = (keys.end - j0).min(self.block);
-            let next = j0 + nb;
-            self.prefetch(it, next, (keys.end - next).min(self.block));
-            self.block(it, j0, nb, &mut w);
+            self.block(it, j0, nb, j0 + nb < keys.end, &mut w);
         }
         match sink {
             Sink::Out(o) => {
@@ -402,33 +409,6 @@ impl Job<'_> {
         }
     }
 
-    /// Asks for the keys and values of the block at `j0` (`nb` keys) ahead of its turn,
-    /// into the second-level cache: generation reads each once, from memory, and a block
-    /// takes long enough to cover the wait. Without it the hardware prefetcher, which
-    /// sees rows of values a KV row apart, left the weighted sum waiting on its loads.
-    #[inline(always)]
-    fn prefetch(&self, it: &Item, j0: usize, nb: usize) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
-            let hd = self.a.head_dim as usize;
-            let ask = |s: &[u16]| {
-                for line in s.chunks(32) {
-                    // SAFETY: a prefetch of a valid address; it never faults or writes.
-                    unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr() as *const i8) };
-                }
-            };
-            for i in 0..nb.div_ceil(PANEL) {
-                ask(self.cache.key_panel(j0 / PANEL + i, it.hk * hd, hd));
-            }
-            for j in j0..j0 + nb {
-                ask(&self.cache.values_from(j, it.hk * hd)[..hd]);
-            }
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (it, j0, nb);
-    }
-
     /// The query row r of an item.
     fn qrow(&self, it: &Item, r: usize) -> &[f32] {
         let hd = self.a.head_dim as usize;
@@ -440,13 +420,17 @@ impl Job<'_> {
     /// by two panels (the last panel repeated at an odd end). A last tile of three rows
     /// runs as four, its last row repeated into a spare row of scratch: LLVM left the
     /// three-row tiles' arithmetic scalar, and SmolLM2's generation at depth (three
-    /// heads to a KV head) ran 1.08-1.13x slower.
+    /// heads to a KV head) ran 1.08-1.13x slower. The first tile's rows ask for the next
+    /// block's panels as they go (`ahead`).
     #[inline(always)]
-    fn scores<const F: bool>(&self, it: &Item, j0: usize, nb: usize, s: &mut [f32]) {
+    fn scores<const F: bool>(&self, it: &Item, j0: usize, nb: usize, ahead: bool, s: &mut [f32]) {
         let hd = self.a.head_dim as usize;
         let m = it.heads.len() * it.tokens.len();
         let panels = nb.div_ceil(PANEL);
         let panel = |i: usize| self.cache.key_panel(j0 / PANEL + i, it.hk * hd, hd);
+        // The next block's panels lie `nb` keys on (whole panels: only a last block is
+        // shorter, and it has no next one).
+        let next = |k: &[u16]| k.as_ptr().wrapping_add(nb * self.cache.kv_dim);
         for r0 in (0..m).step_by(4) {
             let rn = (m - r0).min(4);
             let mut i = 0;
@@ -463,7 +447,8 @@ impl Job<'_> {
                     ($r:literal) => {{
                         let qs: [&[f32]; $r] =
                             std::array::from_fn(|i| self.qrow(it, r0 + i.min(rn - 1)));
-                        let t = score_tile::<F, $r>(&qs, &ks);
+                        let pf = (ahead && r0 == 0).then(|| ks.map(next));
+                        let t = score_tile::<F, $r>(&qs, &ks, pf);
                         t.iter().enumerate().for_each(|(r, t)| put(r, t));
                     }};
                 }
@@ -513,13 +498,15 @@ impl Job<'_> {
     }
 
     /// acc[r] += sum over the block's keys j of p[r][j] * v_(j0 + j), in tiles of up to 4
-    /// rows by 16 dimensions (three rows as four, as in `scores`).
+    /// rows by 16 dimensions (three rows as four, as in `scores`), the first rows asking
+    /// for the next block's values as they go (`ahead`).
     #[inline(always)]
     fn weigh_values<const F: bool>(
         &self,
         it: &Item,
         j0: usize,
         nb: usize,
+        ahead: bool,
         p: &[f32],
         acc: &mut [f32],
     ) {
@@ -538,13 +525,17 @@ impl Job<'_> {
                 };
                 let v = self.cache.values_from(j0, koff + c);
                 let at = |i: usize| (r0 + i) * hd + c;
+                // The first rows' passes over each 32 dimensions (64 bytes) ask for the
+                // next block's values there, a line per key.
+                let pf =
+                    (ahead && r0 == 0 && c % 32 == 0).then(|| v.as_ptr().wrapping_add(nb * kd));
                 macro_rules! tile {
                     ($r:literal) => {{
                         let ps: [&[f32]; $r] = std::array::from_fn(|i| prow(r0 + i.min(rn - 1)));
                         match w {
-                            16 => pv_tile::<F, $r, 16>(&ps, v, kd, acc, at),
-                            8 => pv_tile::<F, $r, 8>(&ps, v, kd, acc, at),
-                            _ => pv_tile::<F, $r, 1>(&ps, v, kd, acc, at),
+                            16 => pv_tile::<F, $r, 16>(&ps, v, kd, acc, at, pf),
+                            8 => pv_tile::<F, $r, 8>(&ps, v, kd, acc, at, pf),
+                            _ => pv_tile::<F, $r, 1>(&ps, v, kd, acc, at, pf),
                         }
                     }};
                 }
@@ -577,10 +568,18 @@ fn madd<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
 fn score_tile<const F: bool, const R: usize>(
     q: &[&[f32]; R],
     k: &[&[u16]; 2],
+    pf: Option<[*const u16; 2]>,
 ) -> [[[f32; PANEL]; 2]; R] {
     let hd = q[0].len();
     let mut acc = [[[0f32; PANEL]; 2]; R];
     for d in 0..hd {
+        // Every fourth dimension starts a 64-byte line of each panel: the next block's
+        // line there is asked for.
+        if let Some(p) = pf.filter(|_| d % 4 == 0) {
+            for p in p {
+                prefetch_l2(p.wrapping_add(d * PANEL));
+            }
+        }
         let k0 = widen8::<F>(&k[0][d * PANEL..][..PANEL]);
         let k1 = widen8::<F>(&k[1][d * PANEL..][..PANEL]);
         for (r, ar) in acc.iter_mut().enumerate() {
@@ -602,10 +601,14 @@ fn pv_tile<const F: bool, const R: usize, const W: usize>(
     stride: usize,
     acc: &mut [f32],
     at: impl Fn(usize) -> usize,
+    pf: Option<*const u16>,
 ) {
     let nk = p[0].len();
     let mut a: [[f32; W]; R] = std::array::from_fn(|r| std::array::from_fn(|l| acc[at(r) + l]));
     for j in 0..nk {
+        if let Some(p) = pf {
+            prefetch_l2(p.wrapping_add(j * stride));
+        }
         let vr = widen::<F, W>(&v[j * stride..][..W]);
         for (r, ar) in a.iter_mut().enumerate() {
             let pj = p[r][j];
@@ -671,6 +674,26 @@ fn wide_vectors() -> bool {
     {
         false
     }
+}
+
+/// Asks for the line at `p` into the second-level cache. Generation reads each key and
+/// value once, from memory, and the hardware prefetcher, which sees a KV head's rows a
+/// cache row apart, leaves the loads waiting. The blocks ask for the next block's lines
+/// a few at a time as their own work goes, which keeps loads in flight beside the
+/// arithmetic. (Asked for all at once before each block, 1024 lines for SmolLM2's, they
+/// waited on the memory system's queues with little arithmetic beside them: 12-13 GB/s
+/// of keys and values from memory against 14.4-14.6 now, and 13.4-14.0 against
+/// 18.6-20.3 for Gemma's 256-wide heads; `cargo bench --bench cpu_kernels -- attn
+/// layers=30`.) The address may lie past the cache's end: a prefetch never faults.
+#[inline(always)]
+fn prefetch_l2(p: *const u16) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads nothing architecturally and never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 #[cfg(test)]
