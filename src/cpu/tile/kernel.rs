@@ -10,24 +10,23 @@ use crate::cpu::dot::avx2::{hsum, load};
 
 /// The unsigned-by-signed byte dot product a kernel is built on.
 pub(super) trait Udot {
-    /// 8 lanes of sums of 4 products of `u` (unsigned) and `s` (signed) bytes, plus `acc`.
-    unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+    /// 8 lanes of sums of 4 products of `u` (unsigned) and `s` (signed) bytes.
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i;
 }
 
 pub(super) struct Vnni;
 impl Udot for Vnni {
     #[inline(always)]
-    unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(acc, u, s)
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
     }
 }
 
 pub(super) struct Avx2;
 impl Udot for Avx2 {
     #[inline(always)]
-    unsafe fn dot(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
-        let d = _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-        _mm256_add_epi32(acc, d)
+    unsafe fn dot(u: __m256i, s: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
     }
 }
 
@@ -54,14 +53,6 @@ unsafe fn add_offsets<D: Decode>(
 
 /// The R x T tile at rows `r0..` (at `w`, `rb` bytes apart) and tokens `t0..t0 + T`:
 /// row r . token t over `nb` blocks into `out`.
-///
-/// The symmetric types (Q4_0, Q5_0, Q8_0: an offset of `OFF_RATIO` scales) fold their
-/// offset into the integer dot: each of its 8 lanes starts from `OFF_RATIO / 8` times
-/// the token's integer sum, so the dot comes out as `sum((q + OFF_RATIO) * a)` and no
-/// offset term is left to add. Per row and group that drops a multiply, a broadcast and
-/// a multiply-add of the float work. Only in tiles of one token (generation, and every
-/// batch under 8 tokens with AVX-512): in AVX2's 4 x 2 tiles the start values took
-/// registers the tile needed, and Q5_0 ran 0.84-0.93x as fast.
 // Index loops over the tile: the compiler unrolls them and keeps `acc` in registers.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
@@ -80,15 +71,6 @@ unsafe fn tile<D: Decode, U: Udot, const R: usize, const T: usize>(
     let mut offs = [_mm256_setzero_ps(); R];
     let qs = p.qs.as_ptr() as *const u8;
     let dp = p.d.as_ptr();
-    let fold = D::OFF_RATIO != 0.0 && T == 1;
-    const {
-        assert!(
-            D::OFF_RATIO % 8.0 == 0.0,
-            "a lane's share of the offset is whole"
-        )
-    };
-    let lane_off = (D::OFF_RATIO / 8.0) as i32;
-    let si = p.si.as_ptr();
     for b in 0..nb {
         let hdr = headers::<D, R>(w, rb, b);
         for j in 0..D::GROUPS {
@@ -104,20 +86,13 @@ unsafe fn tile<D: Decode, U: Udot, const R: usize, const T: usize>(
             for t in 0..T {
                 let a = load(qs.add((g * p.n_tokens + t0 + t) * 32));
                 let da = _mm256_broadcast_ss(&*dp.add(g * p.stride + t0 + t));
-                let start = if fold {
-                    _mm256_set1_epi32(*si.add(g * p.stride + t0 + t) * lane_off)
-                } else {
-                    _mm256_setzero_si256()
-                };
                 for r in 0..R {
-                    let dot = _mm256_cvtepi32_ps(U::dot(start, grp[r].q, a));
+                    let dot = _mm256_cvtepi32_ps(U::dot(grp[r].q, a));
                     acc[r][t] = _mm256_fmadd_ps(dot, _mm256_mul_ps(grp[r].sc, da), acc[r][t]);
                 }
             }
-            if !fold {
-                for r in 0..R {
-                    offs[r] = add_offsets::<D>(offs[r], grp[r].off, p, g, t0);
-                }
+            for r in 0..R {
+                offs[r] = add_offsets::<D>(offs[r], grp[r].off, p, g, t0);
             }
         }
     }

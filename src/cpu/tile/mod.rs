@@ -68,10 +68,6 @@ pub struct Plan {
     /// the scale (one per 8 groups) once per block.
     sb: Vec<f32>,
     sb16: Vec<f32>,
-    /// [n_groups][stride] the sums of the groups' values as integers (Q8_0 activations,
-    /// unblocked plans): the single-token tiles of the symmetric types fold their offset
-    /// into the integer dot with them.
-    si: Vec<i32>,
 }
 
 impl Plan {
@@ -152,9 +148,6 @@ impl Plan {
         if at == ActType::Q8_K {
             grow(s16, 2 * ng * stride);
         }
-        if at == ActType::Q8_0 && !self.blocked {
-            grow(&mut self.si, ng * stride);
-        }
         let fill = Fill {
             qs: self.qs.as_mut_ptr(),
             qt: self.qt.as_mut_ptr(),
@@ -163,7 +156,6 @@ impl Plan {
             s16: self.s16.as_mut_ptr(),
             sb: self.sb.as_mut_ptr(),
             sb16: self.sb16.as_mut_ptr(),
-            si: self.si.as_mut_ptr(),
             blocked: self.blocked,
             ng,
             n_tokens,
@@ -202,7 +194,6 @@ struct Fill {
     s16: *mut f32,
     sb: *mut f32,
     sb16: *mut f32,
-    si: *mut i32,
     blocked: bool,
     ng: usize,
     n_tokens: usize,
@@ -231,9 +222,6 @@ impl Fill {
             };
             *self.d.add(g * self.stride + t) = d;
             *self.s.add(g * self.stride + t) = s;
-            if !stored_sum && !self.blocked {
-                *self.si.add(g * self.stride + t) = sum;
-            }
         }
     }
 
