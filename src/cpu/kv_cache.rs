@@ -3,7 +3,6 @@
 
 use half::{f16, slice::HalfFloatSliceExt};
 
-use super::ops::zeroed;
 use crate::{Error, Result};
 
 /// Keys per panel of the key cache.
@@ -16,8 +15,8 @@ pub(super) const PANEL: usize = 8;
 /// panel's keys sits in eight consecutive values, so the scores take one vector load
 /// per component for eight keys.
 pub struct KvCache {
-    k: Vec<u16>,
-    v: Vec<u16>,
+    k: HalfBuf,
+    v: HalfBuf,
     pub kv_dim: usize,
     pub n_ctx: usize,
 }
@@ -28,9 +27,9 @@ impl KvCache {
             .checked_mul(n_ctx.next_multiple_of(PANEL))
             .ok_or_else(|| Error::invalid("KV cache size overflows"))?;
         // A context too large for memory is an error, not an abort. The zeroed pages come
-        // from the allocator lazily, so a large cache costs nothing until it is used.
-        let zeros = || -> Result<Vec<u16>> {
-            zeroed(n).ok_or_else(|| {
+        // from the system lazily, so a large cache costs nothing until it is used.
+        let zeros = || -> Result<HalfBuf> {
+            HalfBuf::zeroed(n).ok_or_else(|| {
                 Error::invalid(format!(
                     "the KV cache for a context of {n_ctx} needs {} MiB per layer, more than \
                      this machine can allocate; lower -c",
@@ -85,6 +84,44 @@ impl KvCache {
     /// Components `off .. off + len` of the keys of panel `i`, `PANEL` values each.
     pub(super) fn key_panel(&self, i: usize, off: usize, len: usize) -> &[u16] {
         &self.k[(i * self.kv_dim + off) * PANEL..][..len * PANEL]
+    }
+}
+
+/// Zero-initialised f16 bits in memory of their own: a page-aligned anonymous mapping,
+/// whose pages the system supplies, zeroed, on first use (a large cache costs nothing
+/// until it is used).
+///
+/// Aligned, because attention reads a KV head's slices of each key panel and each value
+/// row (`head_dim` values) and asks for the next block's lines one 64-byte line at a
+/// time ([`super::attention`]). In a `Vec` the values started 16 bytes into a line, so a
+/// 64-dimension value row spanned three lines instead of two, and the line asked for
+/// ahead left part of each row to be waited on. Generation at depth read 12-15 GB/s of
+/// keys and values from memory in the `Vec`, 18-25 aligned (`cargo bench --bench
+/// cpu_kernels -- attn layers=30`, and `keys=16384 layers=8`).
+struct HalfBuf {
+    map: memmap2::MmapMut,
+    /// Values held (the mapping has room for at least one).
+    len: usize,
+}
+
+impl HalfBuf {
+    fn zeroed(n: usize) -> Option<HalfBuf> {
+        let map = memmap2::MmapMut::map_anon(n.checked_mul(2)?.max(2)).ok()?;
+        Some(HalfBuf { map, len: n })
+    }
+}
+
+impl std::ops::Deref for HalfBuf {
+    type Target = [u16];
+    fn deref(&self) -> &[u16] {
+        // A page-aligned mapping of at least 2 len bytes.
+        bytemuck::cast_slice(&self.map[..2 * self.len])
+    }
+}
+
+impl std::ops::DerefMut for HalfBuf {
+    fn deref_mut(&mut self) -> &mut [u16] {
+        bytemuck::cast_slice_mut(&mut self.map[..2 * self.len])
     }
 }
 
