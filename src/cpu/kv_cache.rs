@@ -3,6 +3,7 @@
 
 use half::{f16, slice::HalfFloatSliceExt};
 
+use super::ops::zeroed;
 use crate::{Error, Result};
 
 /// Keys per panel of the key cache.
@@ -99,29 +100,45 @@ impl KvCache {
 /// keys and values from memory in the `Vec`, 18-25 aligned (`cargo bench --bench
 /// cpu_kernels -- attn layers=30`, and `keys=16384 layers=8`).
 struct HalfBuf {
-    map: memmap2::MmapMut,
-    /// Values held (the mapping has room for at least one).
+    /// Owned for `ptr`'s sake.
+    _vec: Vec<u16>,
+    /// The values: `len` u16 from the first 64-byte boundary in the vector (a raw slice:
+    /// a `Deref` through checked slicing at every panel and row attention reads cost).
+    ptr: *mut u16,
     len: usize,
 }
 
+// SAFETY: `ptr` points into `_vec`, which the buffer owns; shared and exclusive access
+// go through `&self` and `&mut self` as for the vector itself.
+unsafe impl Send for HalfBuf {}
+unsafe impl Sync for HalfBuf {}
+
 impl HalfBuf {
     fn zeroed(n: usize) -> Option<HalfBuf> {
-        let map = memmap2::MmapMut::map_anon(n.checked_mul(2)?.max(2)).ok()?;
-        Some(HalfBuf { map, len: n })
+        let mut vec = zeroed::<u16>(n.checked_add(32)?)?;
+        let off = vec.as_ptr().align_offset(64).min(32);
+        // SAFETY: off <= 32, so off + n values are in the vector.
+        let ptr = unsafe { vec.as_mut_ptr().add(off) };
+        Some(HalfBuf {
+            _vec: vec,
+            ptr,
+            len: n,
+        })
     }
 }
 
 impl std::ops::Deref for HalfBuf {
     type Target = [u16];
     fn deref(&self) -> &[u16] {
-        // A page-aligned mapping of at least 2 len bytes.
-        bytemuck::cast_slice(&self.map[..2 * self.len])
+        // SAFETY: the mapping is page-aligned and holds at least 2 len bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 }
 
 impl std::ops::DerefMut for HalfBuf {
     fn deref_mut(&mut self) -> &mut [u16] {
-        bytemuck::cast_slice_mut(&mut self.map[..2 * self.len])
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 

@@ -219,3 +219,21 @@ pub fn add(x: &mut [f32], y: &[f32]) {
         *a += b;
     }
 }
+
+/// `n` zeros, or `None` when the allocation fails (instead of aborting).
+pub(super) fn zeroed<T: bytemuck::Zeroable>(n: usize) -> Option<Vec<T>> {
+    if n == 0 || std::mem::size_of::<T>() == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(n).ok()?;
+    // SAFETY: the layout has a non-zero size; on success the block holds `n` values of
+    // T allocated by the global allocator with exactly this layout, which is what
+    // Vec::from_raw_parts requires, and all-zero bytes are a valid T (`Zeroable`).
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut T;
+        if p.is_null() {
+            return None;
+        }
+        Some(Vec::from_raw_parts(p, n, n))
+    }
+}
