@@ -342,8 +342,7 @@ impl Job<'_> {
         let (max, rest) = rest.split_at_mut(MAX_ROWS);
         let mut w = ItemScratch {
             s,
-            // Whole tiles of four rows: a tile of three runs as four (see `scores`).
-            acc: &mut acc[..m.next_multiple_of(4) * hd],
+            acc: &mut acc[..m * hd],
             max: &mut max[..m],
             sum: &mut rest[..m],
         };
@@ -438,11 +437,12 @@ impl Job<'_> {
 
     /// s[r * block + j] = scale * q_r . k_(j0 + j) for the item's rows and the block's
     /// `nb` keys (rounded up to whole panels; `j0` starts one), in tiles of up to 4 rows
-    /// by two panels (the last panel repeated at an odd end). A last tile of three rows
-    /// runs as four, its last row repeated into a spare row of scratch: LLVM left the
-    /// three-row tiles' arithmetic scalar, and SmolLM2's generation at depth (three
-    /// heads to a KV head) ran 1.08-1.13x slower. The first tile's rows ask for the next
-    /// block's panels as they go (`ahead`).
+    /// by two panels (the last panel repeated at an odd end). Three rows, SmolLM2's
+    /// heads per KV head, run as a tile of three: once LLVM had left its arithmetic
+    /// scalar and a tile of four with a repeated row ran faster, but with the loops'
+    /// bounds checked once per tile the tile of three is vector code, and generation's
+    /// attention at depth read 1.07x faster from memory (1.12-1.19x from cache) than as
+    /// four. The first tile's rows ask for the next block's panels as they go (`ahead`).
     #[inline(always)]
     fn scores<const F: bool>(&self, it: &Item, j0: usize, nb: usize, ahead: bool, s: &mut [f32]) {
         let hd = self.a.head_dim as usize;
@@ -479,7 +479,8 @@ impl Job<'_> {
                     }};
                 }
                 match rn {
-                    3.. => tile!(4),
+                    4.. => tile!(4),
+                    3 => tile!(3),
                     2 => tile!(2),
                     _ => tile!(1),
                 }
@@ -524,7 +525,7 @@ impl Job<'_> {
     }
 
     /// acc[r] += sum over the block's keys j of p[r][j] * v_(j0 + j), in tiles of up to 4
-    /// rows by 16 dimensions (three rows as four, as in `scores`), the first rows asking
+    /// rows by 16 dimensions (three rows as a tile of three, as in `scores`), the first rows asking
     /// for the next block's values as they go (`ahead`).
     #[inline(always)]
     fn weigh_values<const F: bool>(
@@ -566,7 +567,8 @@ impl Job<'_> {
                     }};
                 }
                 match rn {
-                    3.. => tile!(4),
+                    4.. => tile!(4),
+                    3 => tile!(3),
                     2 => tile!(2),
                     _ => tile!(1),
                 }
