@@ -525,8 +525,8 @@ impl Job<'_> {
     }
 
     /// acc[r] += sum over the block's keys j of p[r][j] * v_(j0 + j), in tiles of up to 4
-    /// rows by 16 dimensions (three rows as a tile of three, as in `scores`), the first rows asking
-    /// for the next block's values as they go (`ahead`).
+    /// rows by 16 dimensions (three rows as a tile of three, as in `scores`), the first
+    /// rows asking for the next block's values as they go (`ahead`).
     #[inline(always)]
     fn weigh_values<const F: bool>(
         &self,
