@@ -3,7 +3,7 @@
 
 use half::{f16, slice::HalfFloatSliceExt};
 
-use super::ops::zeroed;
+use super::lines::LineBuf;
 use crate::{Error, Result};
 
 /// Keys per panel of the key cache.
@@ -14,10 +14,11 @@ pub(super) const PANEL: usize = 8;
 /// ([kv_dim, n_ctx] in ggml order: position p's row at `p * kv_dim`). Keys are in
 /// panels of [`PANEL`] positions, each panel [PANEL, kv_dim]: component i of the
 /// panel's keys sits in eight consecutive values, so the scores take one vector load
-/// per component for eight keys.
+/// per component for eight keys. Both start on a cache line ([`LineBuf`]): attention
+/// reads a KV head's slices of them and asks for the next block's lines one at a time.
 pub struct KvCache {
-    k: HalfBuf,
-    v: HalfBuf,
+    k: LineBuf<u16>,
+    v: LineBuf<u16>,
     pub kv_dim: usize,
     pub n_ctx: usize,
 }
@@ -29,8 +30,8 @@ impl KvCache {
             .ok_or_else(|| Error::invalid("KV cache size overflows"))?;
         // A context too large for memory is an error, not an abort. The zeroed pages come
         // from the system lazily, so a large cache costs nothing until it is used.
-        let zeros = || -> Result<HalfBuf> {
-            HalfBuf::zeroed(n).ok_or_else(|| {
+        let zeros = || -> Result<LineBuf<u16>> {
+            LineBuf::zeroed(n).ok_or_else(|| {
                 Error::invalid(format!(
                     "the KV cache for a context of {n_ctx} needs {} MiB per layer, more than \
                      this machine can allocate; lower -c",
@@ -85,61 +86,6 @@ impl KvCache {
     /// Components `off .. off + len` of the keys of panel `i`, `PANEL` values each.
     pub(super) fn key_panel(&self, i: usize, off: usize, len: usize) -> &[u16] {
         &self.k[(i * self.kv_dim + off) * PANEL..][..len * PANEL]
-    }
-}
-
-/// Zero-initialised f16 bits starting on a 64-byte cache line: a vector's values from
-/// its first line boundary on (a large vector's zeroed pages come from the system on
-/// first use, so a large cache costs nothing until it is used).
-///
-/// Aligned, because attention reads a KV head's slices of each key panel and each value
-/// row (`head_dim` values) and asks for the next block's lines one 64-byte line at a
-/// time ([`super::attention`]). In a `Vec` the values started 16 bytes into a line, so a
-/// 64-dimension value row spanned three lines instead of two, and the line asked for
-/// ahead left part of each row to be waited on. Generation at depth read 12-15 GB/s of
-/// keys and values from memory in the `Vec`, 18-25 aligned (`cargo bench --bench
-/// cpu_kernels -- attn layers=30`, and `keys=16384 layers=8`).
-struct HalfBuf {
-    /// Owned for `ptr`'s sake.
-    _vec: Vec<u16>,
-    /// The values: `len` u16 from the first 64-byte boundary in the vector. Read as a raw
-    /// slice: a `Deref` through a checked cast at every panel and row attention reads
-    /// ran prompts at depth 0.83-0.87x as fast.
-    ptr: *mut u16,
-    len: usize,
-}
-
-// SAFETY: `ptr` points into `_vec`, which the buffer owns; shared and exclusive access
-// go through `&self` and `&mut self` as for the vector itself.
-unsafe impl Send for HalfBuf {}
-unsafe impl Sync for HalfBuf {}
-
-impl HalfBuf {
-    fn zeroed(n: usize) -> Option<HalfBuf> {
-        let mut vec = zeroed::<u16>(n.checked_add(32)?)?;
-        let off = vec.as_ptr().align_offset(64).min(32);
-        // SAFETY: off <= 32, so off + n values are in the vector.
-        let ptr = unsafe { vec.as_mut_ptr().add(off) };
-        Some(HalfBuf {
-            _vec: vec,
-            ptr,
-            len: n,
-        })
-    }
-}
-
-impl std::ops::Deref for HalfBuf {
-    type Target = [u16];
-    fn deref(&self) -> &[u16] {
-        // SAFETY: the mapping is page-aligned and holds at least 2 len bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
-    }
-}
-
-impl std::ops::DerefMut for HalfBuf {
-    fn deref_mut(&mut self) -> &mut [u16] {
-        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
     }
 }
 

@@ -1,7 +1,8 @@
 //! Fast CPU kernels and the CPU backend: a persistent thread pool ([`pool`]), activation
 //! quantization ([`act`]), per-type SIMD dot products ([`dot`]), quantized matrix
 //! multiplication on the mapped weight blocks ([`matmul`]), the elementwise kernels
-//! ([`ops`]), attention ([`attention`]) and its f16 KV cache ([`kv_cache`]), and
+//! ([`ops`]), attention ([`attention`]) and its f16 KV cache ([`kv_cache`]), buffers
+//! aligned to cache lines ([`lines`]), and
 //! [`backend::CpuModel`], the graph run on the CPU.
 
 pub mod act;
@@ -9,6 +10,7 @@ pub mod attention;
 pub mod backend;
 pub mod dot;
 pub mod kv_cache;
+pub mod lines;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

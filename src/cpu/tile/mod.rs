@@ -26,6 +26,7 @@ mod decode;
 mod kernel;
 
 use super::act::ActType;
+use super::lines::LineBuf;
 use super::pool::{split, Pool};
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -52,11 +53,11 @@ pub struct Plan {
     blocked: bool,
     /// [n_groups][n_tokens][32] i8 values: a group's tokens side by side, so that two
     /// tokens' groups are one 64-byte load (unblocked plans).
-    qs: Lines<i8>,
+    qs: LineBuf<i8>,
     /// [n_blocks][n_groups][8][BLOCK][4] i8 values (blocked plans): piece c (values 4c..
     /// 4c + 4) of a group for the block's 16 tokens side by side, a block's groups in
     /// order. Tokens past the batch's end hold stale values, as the padding above.
-    qt: Lines<i8>,
+    qt: LineBuf<i8>,
     /// [n_groups][stride] scales.
     d: Vec<f32>,
     /// [n_groups][stride] scale times the sum of the group's values (Q8_K: unblocked
@@ -135,8 +136,15 @@ impl Plan {
         // Every value a kernel keeps is written below; the lanes of the tokens that pad
         // a block are computed but never stored. So the buffers only grow, and what an
         // earlier plan left in them is harmless (clearing them was 1% of a prompt).
-        self.qs.grow(qs);
-        self.qt.grow(qt);
+        // On cache lines, so that the kernels' 64-byte loads of a token block never
+        // straddle two ([`LineBuf`]).
+        for (buf, n) in [(&mut self.qs, qs), (&mut self.qt, qt)] {
+            if buf.len() < n {
+                *buf = LineBuf::zeroed(n).ok_or_else(|| {
+                    Error::invalid(format!("tile plan: no memory for {n} token values"))
+                })?;
+            }
+        }
         grow(&mut self.d, ng * stride);
         // The sums each kernel reads: Q8_K's blocked plans without the scale.
         let (s, s16) = if at == ActType::Q8_K && self.blocked {
@@ -261,41 +269,6 @@ impl Fill {
             let dst = self.qs.add((g * self.n_tokens + t) * 32);
             std::ptr::copy_nonoverlapping(vals.as_ptr() as *const i8, dst, 32);
         }
-    }
-}
-
-/// A grow-only buffer whose values start on a 64-byte cache line, so that the kernels'
-/// 64-byte loads of a token block never straddle two lines (a `Vec`'s values start 16
-/// bytes into one). Growing does not keep the values: a plan rewrites what it reads.
-struct Lines<T> {
-    buf: Vec<T>,
-    /// Values before the first line boundary.
-    off: usize,
-}
-
-impl<T> Default for Lines<T> {
-    fn default() -> Self {
-        Lines {
-            buf: Vec::new(),
-            off: 0,
-        }
-    }
-}
-
-impl<T: Copy + Default> Lines<T> {
-    fn grow(&mut self, n: usize) {
-        if self.buf.len() < self.off + n {
-            self.buf = vec![T::default(); n + 64 / std::mem::size_of::<T>()];
-            self.off = self.buf.as_ptr().align_offset(64).min(self.buf.len() - n);
-        }
-    }
-
-    fn as_ptr(&self) -> *const T {
-        self.buf.as_ptr().wrapping_add(self.off)
-    }
-
-    fn as_mut_ptr(&mut self) -> *mut T {
-        self.buf.as_mut_ptr().wrapping_add(self.off)
     }
 }
 
