@@ -289,9 +289,7 @@ impl<const R: usize> Decoded<R> {
                 for (r, h) in hdr.iter().enumerate() {
                     let g = D::group(w.add(r * rb + b * D::BYTES), h, j);
                     _mm256_storeu_si256(self.q[k][r].as_mut_ptr() as *mut __m256i, g.q);
-                    let mut sc = [0f32; 8];
-                    _mm256_storeu_ps(sc.as_mut_ptr(), g.sc);
-                    self.sc[k][r] = [sc[0], sc[4]];
+                    self.sc[k][r] = g.sc;
                     self.off[k][r] = g.off;
                 }
             }

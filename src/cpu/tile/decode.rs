@@ -4,15 +4,38 @@
 
 use std::arch::x86_64::*;
 
+use super::kernel::Udot;
 use crate::cpu::dot::avx2::{bits_to_bytes, f16_at, load, nibbles};
 use crate::quant::kquant::scale_min_k4;
 
-/// One decoded group: `w = sc * q + off` (per half for `off`).
+/// One decoded group: `w = sc * q + off`, both per 16-value half (equal halves unless
+/// the type is [`Decode::HALVES`]).
 #[derive(Clone, Copy)]
 pub(super) struct Group {
     pub q: __m256i,
-    pub sc: __m256,
+    pub sc: [f32; 2],
     pub off: [f32; 2],
+}
+
+impl Group {
+    pub const ZERO: Group = Group {
+        q: unsafe { std::mem::transmute::<[u8; 32], __m256i>([0; 32]) },
+        sc: [0.0; 2],
+        off: [0.0; 2],
+    };
+
+    /// The scales as 8 lanes of the group's i32 sums: lanes 0-3 hold the first half's.
+    #[inline(always)]
+    pub fn sc_lanes<D: Decode>(&self) -> __m256 {
+        // SAFETY: plain register broadcasts, available wherever the kernels run.
+        unsafe {
+            if D::HALVES {
+                _mm256_set_m128(_mm_set1_ps(self.sc[1]), _mm_set1_ps(self.sc[0]))
+            } else {
+                _mm256_set1_ps(self.sc[0])
+            }
+        }
+    }
 }
 
 /// A weight type's blocks, seen as groups of 32.
@@ -25,18 +48,58 @@ pub(super) trait Decode {
     /// wide for the 16-bit sums of AVX2's byte products.
     const WIDE: bool = false;
     /// The offset is this multiple of the scale (-8, -16, -128 for the symmetric types
-    /// Q4_0, Q5_0, Q8_0), or 0 where the offset is a value of its own.
+    /// Q4_0, Q5_0, Q8_0; per half -4 and -32 for Q3_K and Q6_K), or 0 where the offset
+    /// is a value of its own.
     const OFF_RATIO: f32 = 0.0;
+    /// Blocks of one group whose quants [`Decode::pair`] decodes two rows at a time.
+    const PAIRS: bool = false;
     /// What a block's groups share, decoded once per block.
     type Hdr: Copy;
     const ZERO: Self::Hdr;
     unsafe fn hdr(b: *const u8) -> Self::Hdr;
     unsafe fn group(b: *const u8, h: &Self::Hdr, j: usize) -> Group;
+    /// The quants of two rows' blocks at `b0` and `b1` (types with [`Decode::PAIRS`]):
+    /// element h holds values 16h..16h + 16 of `b0`'s block in its low 128 bits and of
+    /// `b1`'s in its high 128, as unsigned bytes like [`Group::q`].
+    #[inline(always)]
+    unsafe fn pair<U: Udot>(_b0: *const u8, _b1: *const u8) -> [__m256i; 2] {
+        unreachable!("pair decoding of a type without PAIRS")
+    }
+}
+
+/// The 16 bytes at `p0` and at `p1` as one register, `p0`'s in the low half.
+#[inline(always)]
+unsafe fn two_rows(p0: *const u8, p1: *const u8) -> __m256i {
+    let lo = _mm256_castsi128_si256(_mm_loadu_si128(p0 as *const __m128i));
+    _mm256_inserti128_si256(lo, _mm_loadu_si128(p1 as *const __m128i), 1)
+}
+
+/// Two rows' 16 bytes of nibble pairs (at `p0` and `p1`) as [`Decode::pair`] wants
+/// them: the low nibbles are a block's first 16 values, the high its last 16.
+#[inline(always)]
+unsafe fn nibble_pair(p0: *const u8, p1: *const u8) -> [__m256i; 2] {
+    let b = two_rows(p0, p1);
+    let m = _mm256_set1_epi8(0x0f);
+    [
+        _mm256_and_si256(b, m),
+        _mm256_and_si256(_mm256_srli_epi16(b, 4), m),
+    ]
+}
+
+/// Two rows' Q5 blocks: nibbles at `NIB` bytes in, the fifth bits (a u32) at `NIB - 4`.
+#[inline(always)]
+unsafe fn q5_pair<U: Udot, const NIB: usize>(b0: *const u8, b1: *const u8) -> [__m256i; 2] {
+    let [lo, hi] = nibble_pair(b0.add(NIB), b1.add(NIB));
+    let (h0, h1) = (u32_at(b0.add(NIB - 4)), u32_at(b1.add(NIB - 4)));
+    // Bits 0-15 are the first 16 values' fifth bits, 16-31 the last 16's.
+    let first = (h0 & 0xffff) | (h1 << 16);
+    let last = (h0 >> 16) | (h1 & 0xffff_0000);
+    [U::fifth_bits(lo, first), U::fifth_bits(hi, last)]
 }
 
 /// Bit i of `x` as byte i: 0x10 when set, 0 when clear.
 #[inline(always)]
-unsafe fn fifth_bits(x: u32) -> __m256i {
+pub(super) unsafe fn fifth_bits(x: u32) -> __m256i {
     _mm256_and_si256(bits_to_bytes(x), _mm256_set1_epi8(0x10))
 }
 
@@ -47,11 +110,9 @@ unsafe fn u32_at(p: *const u8) -> u32 {
 
 #[inline(always)]
 fn simple(q: __m256i, d: f32, off: f32) -> Group {
-    // SAFETY: plain register broadcast, available wherever the kernels run.
-    let sc = unsafe { _mm256_set1_ps(d) };
     Group {
         q,
-        sc,
+        sc: [d, d],
         off: [off, off],
     }
 }
@@ -61,6 +122,7 @@ impl Decode for Q4_0 {
     const BYTES: usize = 18;
     const GROUPS: usize = 1;
     const OFF_RATIO: f32 = -8.0;
+    const PAIRS: bool = true;
     type Hdr = ();
     const ZERO: () = ();
     #[inline(always)]
@@ -70,12 +132,17 @@ impl Decode for Q4_0 {
         let d = f16_at(b);
         simple(nibbles(b.add(2)), d, -8.0 * d)
     }
+    #[inline(always)]
+    unsafe fn pair<U: Udot>(b0: *const u8, b1: *const u8) -> [__m256i; 2] {
+        nibble_pair(b0.add(2), b1.add(2))
+    }
 }
 
 pub(super) struct Q4_1;
 impl Decode for Q4_1 {
     const BYTES: usize = 20;
     const GROUPS: usize = 1;
+    const PAIRS: bool = true;
     type Hdr = ();
     const ZERO: () = ();
     #[inline(always)]
@@ -84,6 +151,10 @@ impl Decode for Q4_1 {
     unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
         simple(nibbles(b.add(4)), f16_at(b), f16_at(b.add(2)))
     }
+    #[inline(always)]
+    unsafe fn pair<U: Udot>(b0: *const u8, b1: *const u8) -> [__m256i; 2] {
+        nibble_pair(b0.add(4), b1.add(4))
+    }
 }
 
 pub(super) struct Q5_0;
@@ -91,6 +162,7 @@ impl Decode for Q5_0 {
     const BYTES: usize = 22;
     const GROUPS: usize = 1;
     const OFF_RATIO: f32 = -16.0;
+    const PAIRS: bool = true;
     type Hdr = ();
     const ZERO: () = ();
     #[inline(always)]
@@ -101,12 +173,17 @@ impl Decode for Q5_0 {
         let q = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(u32_at(b.add(2))));
         simple(q, d, -16.0 * d)
     }
+    #[inline(always)]
+    unsafe fn pair<U: Udot>(b0: *const u8, b1: *const u8) -> [__m256i; 2] {
+        q5_pair::<U, 6>(b0, b1)
+    }
 }
 
 pub(super) struct Q5_1;
 impl Decode for Q5_1 {
     const BYTES: usize = 24;
     const GROUPS: usize = 1;
+    const PAIRS: bool = true;
     type Hdr = ();
     const ZERO: () = ();
     #[inline(always)]
@@ -115,6 +192,10 @@ impl Decode for Q5_1 {
     unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
         let q = _mm256_or_si256(nibbles(b.add(8)), fifth_bits(u32_at(b.add(4))));
         simple(q, f16_at(b), f16_at(b.add(2)))
+    }
+    #[inline(always)]
+    unsafe fn pair<U: Udot>(b0: *const u8, b1: *const u8) -> [__m256i; 2] {
+        q5_pair::<U, 8>(b0, b1)
     }
 }
 
@@ -126,6 +207,7 @@ impl Decode for Q8_0 {
     const GROUPS: usize = 1;
     const WIDE: bool = true;
     const OFF_RATIO: f32 = -128.0;
+    const PAIRS: bool = true;
     type Hdr = ();
     const ZERO: () = ();
     #[inline(always)]
@@ -135,6 +217,15 @@ impl Decode for Q8_0 {
         let d = f16_at(b);
         let q = _mm256_xor_si256(load(b.add(2)), _mm256_set1_epi8(0x80u8 as i8));
         simple(q, d, -128.0 * d)
+    }
+    #[inline(always)]
+    unsafe fn pair<U: Udot>(b0: *const u8, b1: *const u8) -> [__m256i; 2] {
+        let flip = _mm256_set1_epi8(0x80u8 as i8);
+        let (b0, b1) = (b0.add(2), b1.add(2));
+        [
+            _mm256_xor_si256(two_rows(b0, b1), flip),
+            _mm256_xor_si256(two_rows(b0.add(16), b1.add(16)), flip),
+        ]
     }
 }
 
@@ -230,11 +321,9 @@ unsafe fn crumbs(p: *const u8, k: usize) -> __m256i {
     _mm256_and_si256(q, _mm256_set1_epi8(3))
 }
 
-/// A group's two 16-value halves: per-lane scales and per-half offsets.
+/// A group's two 16-value halves: per-half scales and offsets.
 #[inline(always)]
 fn halves(q: __m256i, sc: [f32; 2], off: [f32; 2]) -> Group {
-    // SAFETY: plain register broadcasts, available wherever the kernels run.
-    let sc = unsafe { _mm256_set_m128(_mm_set1_ps(sc[1]), _mm_set1_ps(sc[0])) };
     Group { q, sc, off }
 }
 
@@ -271,6 +360,7 @@ impl Decode for Q3K {
     const BYTES: usize = 110;
     const GROUPS: usize = 8;
     const HALVES: bool = true;
+    const OFF_RATIO: f32 = -4.0;
     type Hdr = [f32; 16];
     const ZERO: [f32; 16] = [0.0; 16];
     #[inline(always)]
@@ -301,6 +391,7 @@ impl Decode for Q6K {
     const BYTES: usize = 210;
     const GROUPS: usize = 8;
     const HALVES: bool = true;
+    const OFF_RATIO: f32 = -32.0;
     type Hdr = [f32; 16];
     const ZERO: [f32; 16] = [0.0; 16];
     #[inline(always)]

@@ -32,7 +32,7 @@ use crate::quant::GgmlType;
 use crate::{Error, Result};
 use blocked::{rows_times_blocks, Lanes, Ymm, Zmm};
 use decode::*;
-use kernel::{rows_times_plan, Avx2, Vnni};
+use kernel::{rows_times_plan, rows_times_token, Avx2, Vnni};
 
 /// Tokens per block of a blocked plan (one per lane of a 512-bit register); batches of
 /// at least this many tokens are planned in blocks.
@@ -337,6 +337,8 @@ macro_rules! entry {
                 rows_times_blocks::<$d, $lanes, $br, $bn, { BLOCK / <$lanes>::N }>(
                     w, rb, nb, p, rows, out,
                 )
+            } else if p.n_tokens == 1 {
+                rows_times_token::<$d, $u>(w, rb, nb, p, rows, out)
             } else if p.n_tokens < $tt {
                 // Generation: tokens one by one, where four rows share each load best.
                 rows_times_plan::<$d, $u, 4, 1, 0>(w, rb, nb, p, rows, out)
