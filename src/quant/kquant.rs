@@ -215,6 +215,30 @@ pub fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     }
 }
 
+/// The eight 6-bit scales and mins of a Q4_K/Q5_K block ([`scale_min_k4`]'s packing, all
+/// eight at once)
+/// as bytes, unpacked four at a time in 32-bit words: the scales in `.0`, the mins in
+/// `.1`. Byte j of the 12 is `q[j]`; the first four scales and mins are the low six
+/// bits of bytes 0-3 and 4-7, the last four take their low four bits from bytes 8-11
+/// (low and high nibble) and their top two from the top bits of bytes 0-3 and 4-7.
+#[inline(always)]
+pub fn unpack_scales_k4(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let word = |i: usize| u32::from_le_bytes([q[4 * i], q[4 * i + 1], q[4 * i + 2], q[4 * i + 3]]);
+    let (w0, w1, w2) = (word(0), word(1), word(2));
+    let (six, nib, top) = (0x3f3f_3f3f, 0x0f0f_0f0f, 0x0303_0303);
+    let high = |w: u32| ((w >> 6) & top) << 4;
+    let bytes = |a: u32, b: u32| {
+        let mut out = [0u8; 8];
+        out[..4].copy_from_slice(&a.to_le_bytes());
+        out[4..].copy_from_slice(&b.to_le_bytes());
+        out
+    };
+    (
+        bytes(w0 & six, (w2 & nib) | high(w0)),
+        bytes(w1 & six, ((w2 >> 4) & nib) | high(w1)),
+    )
+}
+
 /// Inverse of [`scale_min_k4`] for eight 6-bit scale/min pairs.
 pub(crate) fn pack_scale_min_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     let mut s = [0u8; 12];
@@ -307,6 +331,25 @@ mod tests {
         let p = pack_scale_min_k4(&ls, &lm);
         for j in 0..8 {
             assert_eq!(scale_min_k4(j, &p), (ls[j], lm[j]));
+        }
+    }
+
+    /// All eight at once, against one at a time, over bytes that set every bit pattern
+    /// of every field somewhere.
+    #[test]
+    fn unpacked_scales_equal_scale_min_k4() {
+        let mut x = 0x9e37_79b9u32;
+        for _ in 0..2000 {
+            let q: [u8; 12] = std::array::from_fn(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            });
+            let (sc, mn) = unpack_scales_k4(&q);
+            for j in 0..8 {
+                assert_eq!((sc[j], mn[j]), scale_min_k4(j, &q), "{q:?} j={j}");
+            }
         }
     }
 

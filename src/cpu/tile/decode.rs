@@ -6,7 +6,7 @@ use std::arch::x86_64::*;
 
 use super::kernel::Udot;
 use crate::cpu::dot::avx2::{bits_to_bytes, f16_at, load, nibbles};
-use crate::quant::kquant::scale_min_k4;
+use crate::quant::kquant::unpack_scales_k4;
 
 /// One decoded group: `w = sc * q + off`, both per 16-value half (equal halves unless
 /// the type is [`Decode::HALVES`]).
@@ -243,21 +243,26 @@ impl KHdr {
     };
 }
 
+/// Eight bytes as eight floats times `k`.
+#[inline(always)]
+unsafe fn scaled_bytes(b: [u8; 8], k: f32) -> [f32; 8] {
+    let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(
+        b,
+    ))));
+    let mut out = [0f32; 8];
+    _mm256_storeu_ps(out.as_mut_ptr(), _mm256_mul_ps(v, _mm256_set1_ps(k)));
+    out
+}
+
 #[inline(always)]
 unsafe fn k4_hdr(b: *const u8) -> KHdr {
     let mut raw = [0u8; 12];
     std::ptr::copy_nonoverlapping(b.add(4), raw.as_mut_ptr(), 12);
-    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
-    let mut h = KHdr {
-        sc: [0.0; 8],
-        mn: [0.0; 8],
-    };
-    for j in 0..8 {
-        let (s, m) = scale_min_k4(j, &raw);
-        h.sc[j] = d * s as f32;
-        h.mn[j] = -dmin * m as f32;
+    let (sc, mn) = unpack_scales_k4(&raw);
+    KHdr {
+        sc: scaled_bytes(sc, f16_at(b)),
+        mn: scaled_bytes(mn, -f16_at(b.add(2))),
     }
-    h
 }
 
 /// The 32 nibbles of group j of a Q4_K/Q5_K block whose quants start at `qs`: groups
