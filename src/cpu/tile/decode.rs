@@ -429,6 +429,10 @@ impl Decode for Q6K {
     }
 }
 
+/// How many tiles ahead [`headers`] asks for weights into L2 (2, 4 and 5 measured
+/// slower on both models).
+const FAR_TILES: usize = 3;
+
 /// Block b's headers for R rows (at `w`, `rb` bytes apart), and the next tile's weights
 /// asked for ahead: weights stream from memory once per token, and the hardware
 /// prefetcher alone leaves the kernels waiting on loads (it follows the tile's R
@@ -438,8 +442,12 @@ impl Decode for Q6K {
 /// (A fixed distance ahead within each row, as before, lands on lines the tile is
 /// already reading where rows are short, as Gemma's 640-wide output head's: that put
 /// Gemma 3's generation at 51 t/s against 94-98, an 8B shape's at 2.5-2.8 against
-/// 4.1-4.3.) Plain loops, not closures, in this and the kernels: a closure would not
-/// inherit the caller's target features and the intrinsics in it would not be inlined.
+/// 4.1-4.3.) The same share of the tile [`FAR_TILES`] ahead is asked for into L2: one
+/// tile's lines in flight from memory were too few to keep a core's loads fed (the
+/// Q8_0 output head read 30-35 GB/s with them alone, 34-38 with both), while asking
+/// that far ahead into L1 alone left each load to wait on L2 (0.55-0.7x). Plain loops,
+/// not closures, in this and the kernels: a closure would not inherit the caller's
+/// target features and the intrinsics in it would not be inlined.
 #[inline(always)]
 pub(super) unsafe fn headers<D: Decode, const R: usize>(
     w: *const u8,
@@ -453,8 +461,10 @@ pub(super) unsafe fn headers<D: Decode, const R: usize>(
     // Wrapping: the address may lie past the matrix's end; a prefetch never faults.
     let step = R * D::BYTES;
     let next = w.wrapping_add(R * rb + b * step);
+    let far = w.wrapping_add(FAR_TILES * R * rb + b * step);
     for k in (0..step).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(k) as *const i8);
+        _mm_prefetch::<_MM_HINT_T1>(far.wrapping_add(k) as *const i8);
     }
     hdr
 }
