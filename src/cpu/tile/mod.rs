@@ -221,12 +221,11 @@ impl Fill {
             let d = half::f16::from_le_bytes([blk[0], blk[1]]).to_f32();
             let vals = &blk[off..off + 32];
             self.put_group(g, t, vals);
-            let sum: i32 = vals.iter().map(|&b| b as i8 as i32).sum();
             // Q8_1 carries ggml's rounded sum, which the row dots use too.
             let s = if stored_sum {
                 half::f16::from_le_bytes([blk[2], blk[3]]).to_f32()
             } else {
-                d * sum as f32
+                d * vals.iter().map(|&b| b as i8 as i32).sum::<i32>() as f32
             };
             *self.d.add(g * self.stride + t) = d;
             *self.s.add(g * self.stride + t) = s;
