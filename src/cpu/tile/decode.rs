@@ -53,6 +53,9 @@ pub(super) trait Decode {
     const OFF_RATIO: f32 = 0.0;
     /// Blocks of one group whose quants [`Decode::pair`] decodes two rows at a time.
     const PAIRS: bool = false;
+    /// Blocks of eight groups whose header holds their scales and offsets as eight
+    /// floats each ([`Decode::scales8`]).
+    const SCALES8: bool = false;
     /// What a block's groups share, decoded once per block.
     type Hdr: Copy;
     const ZERO: Self::Hdr;
@@ -64,6 +67,11 @@ pub(super) trait Decode {
     #[inline(always)]
     unsafe fn pair<U: Udot>(_b0: *const u8, _b1: *const u8) -> [__m256i; 2] {
         unreachable!("pair decoding of a type without PAIRS")
+    }
+    /// The eight groups' scales and offsets held in a header (types with
+    /// [`Decode::SCALES8`]).
+    fn scales8(_h: &Self::Hdr) -> (&[f32; 8], &[f32; 8]) {
+        unreachable!("scales of a type without SCALES8")
     }
 }
 
@@ -280,6 +288,7 @@ unsafe fn k_nibbles(qs: *const u8, j: usize) -> __m256i {
 
 pub(super) struct Q4K;
 impl Decode for Q4K {
+    const SCALES8: bool = true;
     const BYTES: usize = 144;
     const GROUPS: usize = 8;
     type Hdr = KHdr;
@@ -287,6 +296,9 @@ impl Decode for Q4K {
     #[inline(always)]
     unsafe fn hdr(b: *const u8) -> KHdr {
         k4_hdr(b)
+    }
+    fn scales8(h: &KHdr) -> (&[f32; 8], &[f32; 8]) {
+        (&h.sc, &h.mn)
     }
     #[inline(always)]
     unsafe fn group(b: *const u8, h: &KHdr, j: usize) -> Group {
@@ -296,6 +308,7 @@ impl Decode for Q4K {
 
 pub(super) struct Q5K;
 impl Decode for Q5K {
+    const SCALES8: bool = true;
     const BYTES: usize = 176;
     const GROUPS: usize = 8;
     type Hdr = KHdr;
@@ -303,6 +316,9 @@ impl Decode for Q5K {
     #[inline(always)]
     unsafe fn hdr(b: *const u8) -> KHdr {
         k4_hdr(b)
+    }
+    fn scales8(h: &KHdr) -> (&[f32; 8], &[f32; 8]) {
+        (&h.sc, &h.mn)
     }
     #[inline(always)]
     unsafe fn group(b: *const u8, h: &KHdr, j: usize) -> Group {

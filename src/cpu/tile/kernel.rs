@@ -270,6 +270,86 @@ unsafe fn quad_token<D: Decode, U: Udot>(
     _mm_storeu_ps(out.y.add(r0), v);
 }
 
+/// [`quad_token`] for the types whose header holds eight groups' scales and offsets
+/// as floats ([`Decode::SCALES8`]: Q4_K, Q5_K). The four rows' scales are transposed
+/// once per block into four registers, each holding groups k and k + 4 of the four
+/// rows, and the sums of those two groups are folded into the same layout, so that
+/// one multiply and two FMAs scale two groups of four rows.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn quad_token_k<D: Decode, U: Udot>(
+    w: *const u8,
+    rb: usize,
+    nb: usize,
+    p: &Plan,
+    r0: usize,
+    out: Out,
+) {
+    const { assert!(!D::SCALES8 || D::GROUPS == 8 && !D::HALVES) };
+    let mut acc = _mm256_setzero_ps();
+    let mut offs = _mm256_setzero_ps();
+    let qs = p.qs.as_ptr() as *const u8;
+    let (dp, sp, st) = (p.d.as_ptr(), p.s.as_ptr(), p.stride);
+    for b in 0..nb {
+        let hdr = headers::<D, 4>(w, rb, b);
+        let mut sc = [_mm256_setzero_ps(); 4];
+        let mut mn = [_mm256_setzero_ps(); 4];
+        for r in 0..4 {
+            let (s, m) = D::scales8(&hdr[r]);
+            sc[r] = _mm256_loadu_ps(s.as_ptr());
+            mn[r] = _mm256_loadu_ps(m.as_ptr());
+        }
+        let (sc, mn) = (pairs_of_groups(sc), pairs_of_groups(mn));
+        // The activations' scale is one per block (Q8_K).
+        let da = _mm256_set1_ps(*dp.add(8 * b * st));
+        for k in 0..4 {
+            let mut sums = [_mm256_setzero_si256(); 2];
+            for (i, j) in [k, k + 4].into_iter().enumerate() {
+                let a = load(qs.add((8 * b + j) * 32));
+                let mut dot = [_mm256_setzero_si256(); 4];
+                for r in 0..4 {
+                    let q = D::group(w.add(r * rb + b * D::BYTES), &hdr[r], j).q;
+                    dot[r] = U::dot(q, a);
+                }
+                sums[i] = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(dot[0], dot[1]),
+                    _mm256_hadd_epi32(dot[2], dot[3]),
+                );
+            }
+            // Each group's halves added: group k's rows in lanes 0-3, group k + 4's in 4-7.
+            let v = _mm256_add_epi32(
+                _mm256_permute2x128_si256::<0x20>(sums[0], sums[1]),
+                _mm256_permute2x128_si256::<0x31>(sums[0], sums[1]),
+            );
+            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), _mm256_mul_ps(sc[k], da), acc);
+            let s = _mm256_set_m128(
+                _mm_set1_ps(*sp.add((8 * b + k + 4) * st)),
+                _mm_set1_ps(*sp.add((8 * b + k) * st)),
+            );
+            offs = _mm256_fmadd_ps(mn[k], s, offs);
+        }
+    }
+    let v = _mm256_add_ps(acc, offs);
+    let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    _mm_storeu_ps(out.y.add(r0), v);
+}
+
+/// Four rows' eight values each as four registers, register k holding value k of the
+/// four rows in lanes 0-3 and value k + 4 in lanes 4-7.
+#[inline(always)]
+unsafe fn pairs_of_groups(m: [__m256; 4]) -> [__m256; 4] {
+    let t0 = _mm256_unpacklo_ps(m[0], m[1]);
+    let t1 = _mm256_unpackhi_ps(m[0], m[1]);
+    let t2 = _mm256_unpacklo_ps(m[2], m[3]);
+    let t3 = _mm256_unpackhi_ps(m[2], m[3]);
+    [
+        _mm256_shuffle_ps::<0x44>(t0, t2),
+        _mm256_shuffle_ps::<0xee>(t0, t2),
+        _mm256_shuffle_ps::<0x44>(t1, t3),
+        _mm256_shuffle_ps::<0xee>(t1, t3),
+    ]
+}
+
 /// What the offsets summed by the single-token kernels are multiplied by at the end.
 #[inline(always)]
 fn off_ratio<D: Decode>() -> f32 {
@@ -364,9 +444,9 @@ unsafe fn two_blocks(v: *const f32, b: usize, st: usize) -> __m256 {
 }
 
 /// Rows `rows` of the matrix at `w` (rows `rb` bytes apart, `nb` blocks each) times a
-/// plan's single token: four rows at a time, the rest one by one. Q4_K and Q5_K keep
-/// [`tile`]'s four rows: their scales come from a decoded header, and summing across
-/// lanes first did not pay there.
+/// plan's single token: four rows at a time, the rest one by one. The kernel is the
+/// type's: [`pairs_token`], [`quad_token_k`] or [`quad_token`]; a type that fits none
+/// of them runs [`tile`]'s four rows.
 #[inline(always)]
 pub(super) unsafe fn rows_times_token<D: Decode, U: Udot>(
     w: &[u8],
@@ -376,7 +456,7 @@ pub(super) unsafe fn rows_times_token<D: Decode, U: Udot>(
     rows: std::ops::Range<usize>,
     out: Out,
 ) {
-    if !D::PAIRS && !D::HALVES {
+    if !D::PAIRS && !D::HALVES && !D::SCALES8 {
         return rows_times_plan::<D, U, 4, 1, 0>(w, rb, nb, p, rows, out);
     }
     let wp = w.as_ptr();
@@ -384,6 +464,8 @@ pub(super) unsafe fn rows_times_token<D: Decode, U: Udot>(
     while r + 4 <= rows.end {
         if D::PAIRS {
             pairs_token::<D, U>(wp.add(r * rb), rb, nb, p, r, out);
+        } else if D::SCALES8 {
+            quad_token_k::<D, U>(wp.add(r * rb), rb, nb, p, r, out);
         } else {
             quad_token::<D, U>(wp.add(r * rb), rb, nb, p, r, out);
         }
