@@ -15,7 +15,9 @@
 //! (AVX2, where two products must fit an i16, so Q8_0 weights are left to the row dot).
 //!
 //! Two kernels share that shape. Single tokens and small batches ([`kernel`]) hold a
-//! tile's tokens per register lane group and decode each weight group as they reach it.
+//! tile's tokens per register lane group and decode each weight group as they reach it;
+//! a single token's kernels sum four rows' integer dots across their lanes first, so
+//! that the scales and offsets are applied to four rows per instruction.
 //! Batches of [`BLOCK`] tokens or more ([`blocked`]) put one token in each lane: a row
 //! tile's weights are decoded once, and each 4-byte piece of a weight group, broadcast,
 //! meets the same piece of 16 tokens in one instruction, so the scales are applied to 16
