@@ -18,7 +18,9 @@ pub(super) struct Group {
 }
 
 impl Group {
+    /// A group of zeros, to fill arrays before the groups are decoded.
     pub const ZERO: Group = Group {
+        // SAFETY: `__m256i` is 32 bytes of plain integers; any bit pattern is valid.
         q: unsafe { std::mem::transmute::<[u8; 32], __m256i>([0; 32]) },
         sc: [0.0; 2],
         off: [0.0; 2],
