@@ -266,6 +266,12 @@ unsafe fn quad_token<D: Decode, U: Udot>(
         }
     }
     let v = _mm256_fmadd_ps(offs, _mm256_set1_ps(off_ratio::<D>()), acc);
+    store_halves_added(v, out, r0);
+}
+
+/// Four rows' results whose two halves (lanes r and 4 + r) are added, at row `r0`.
+#[inline(always)]
+unsafe fn store_halves_added(v: __m256, out: Out, r0: usize) {
     let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     _mm_storeu_ps(out.y.add(r0), v);
 }
@@ -329,9 +335,7 @@ unsafe fn quad_token_k<D: Decode, U: Udot>(
             offs = _mm256_fmadd_ps(mn[k], s, offs);
         }
     }
-    let v = _mm256_add_ps(acc, offs);
-    let v = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    _mm_storeu_ps(out.y.add(r0), v);
+    store_halves_added(_mm256_add_ps(acc, offs), out, r0);
 }
 
 /// Four rows' eight values each as four registers, register k holding value k of the
