@@ -94,8 +94,15 @@ pub fn mul_mat_quantized(
     let dot = kernel(w.ty, isa)?;
     let n_rows = w.n_rows;
     // Chunks small enough that threads finishing early find more work, large enough
-    // that the counter is not contended.
-    let chunk = (n_rows / (pool.n_threads() * 8)).clamp(4, 64);
+    // that the counter is not contended. A single token streams the weights: two chunks
+    // per thread, however long, so that each thread's reads run on (AVX2's Q8_0 row
+    // dots over Gemma 3's 262144-row output head: 18.2 GB/s in chunks of 64 rows, 23.5
+    // in two per thread).
+    let chunk = if n_tokens == 1 {
+        (n_rows / (pool.n_threads() * 2)).max(4)
+    } else {
+        (n_rows / (pool.n_threads() * 8)).clamp(4, 64)
+    };
     let n_chunks = n_rows.div_ceil(chunk);
     let out = SharedMut::new(y);
     pool.run_items(n_chunks, &|_, c| {
