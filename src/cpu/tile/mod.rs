@@ -14,10 +14,10 @@
 //! The byte products are summed with `vpdpbusd` (AVX-512 VNNI) or `maddubs` + `madd`
 //! (AVX2, where two products must fit an i16, so Q8_0 weights are left to the row dot).
 //!
-//! Two kernels share that shape. Single tokens and small batches ([`kernel`]) hold a
-//! tile's tokens per register lane group and decode each weight group as they reach it;
-//! a single token's kernels sum four rows' integer dots across their lanes first, so
-//! that the scales and offsets are applied to four rows per instruction.
+//! Three kernels share that shape. Small batches ([`kernel`]) hold a tile's tokens per
+//! register lane group and decode each weight group as they reach it. A single token's
+//! ([`token`]) sum four rows' integer dots across their lanes first, so that the scales
+//! and offsets are applied to four rows per instruction.
 //! Batches of [`BLOCK`] tokens or more ([`blocked`]) put one token in each lane: a row
 //! tile's weights are decoded once, and each 4-byte piece of a weight group, broadcast,
 //! meets the same piece of 16 tokens in one instruction, so the scales are applied to 16
@@ -26,6 +26,7 @@
 mod blocked;
 mod decode;
 mod kernel;
+mod token;
 
 use super::act::ActType;
 use super::lines::LineBuf;
@@ -34,7 +35,8 @@ use crate::quant::GgmlType;
 use crate::{Error, Result};
 use blocked::{rows_times_blocks, Lanes, Ymm, Zmm};
 use decode::*;
-use kernel::{rows_times_plan, rows_times_token, Avx2, Vnni};
+use kernel::{rows_times_plan, Avx2, Vnni};
+use token::rows_times_token;
 
 /// Tokens per block of a blocked plan (one per lane of a 512-bit register); batches of
 /// at least this many tokens are planned in blocks.
