@@ -94,12 +94,9 @@ pub fn mul_mat_quantized(
     let dot = kernel(w.ty, isa)?;
     let n_rows = w.n_rows;
     // Chunks small enough that threads finishing early find more work, large enough
-    // that the counter is not contended. A single token streams the weights: two chunks
-    // per thread, however long, so that each thread's reads run on (AVX2's Q8_0 row
-    // dots over Gemma 3's 262144-row output head: 18.2 GB/s in chunks of 64 rows, 23.5
-    // in two per thread).
+    // that the counter is not contended; a single token's, [`token_chunk`].
     let chunk = if n_tokens == 1 {
-        (n_rows / (pool.n_threads() * 2)).max(4)
+        token_chunk(n_rows, pool.n_threads(), 4)
     } else {
         (n_rows / (pool.n_threads() * 8)).clamp(4, 64)
     };
@@ -138,6 +135,17 @@ pub fn tile_kernel(ty: GgmlType, isa: Isa, n_tokens: usize) -> Option<TileFn> {
     tile::kernel(ty, flavor, n_tokens)
 }
 
+/// Rows per chunk of a single token's product over `n_threads` threads, a multiple of
+/// `unit`: two chunks per thread, however long. A single token streams the weights;
+/// each chunk starts with loads nobody asked for ahead, and the tile kernels' last
+/// tiles ask for lines past its end that the other thread may read. (Tiles in chunks
+/// of at most 96 rows ran Gemma 3's generation at 100 t/s, of 384 at 113; two per
+/// thread at 123, four at 118. AVX2's Q8_0 row dots over its 262144-row output head
+/// read 18.2 GB/s in chunks of 64 rows, 23.5 in two per thread.)
+fn token_chunk(n_rows: usize, n_threads: usize, unit: usize) -> usize {
+    (n_rows / (n_threads * 2)).max(unit) / unit * unit
+}
+
 /// y = W x with the activations in `plan` (made from [`quantize_rows`] output for
 /// `w.ty`), by `isa`'s tile kernel for `w.ty`; an error where there is none
 /// ([`tile_kernel`]) or the plan does not fit the weights.
@@ -171,18 +179,14 @@ pub fn mul_mat_tiled(
     }
     // Chunks of whole tiles (of 2, 3 or 4 rows), several per thread: a thread the OS
     // pauses mid-chunk holds the op up for that chunk only, and early finishers find work.
-    // Single tokens stream the weights: two chunks per thread, however long. Each chunk
-    // starts with loads nobody asked for ahead, and its last tiles ask for lines past
-    // its end that the other thread may read (chunks of at most 96 rows ran Gemma 3's
-    // generation at 100 t/s, of 384 at 113; two per thread at 123, four at 118). Blocked
-    // batches write each token's outputs for the chunk's rows in one run: whole cache
-    // lines (16 rows), so that two threads never write the same line (chunks of 12 rows
-    // put 8% of a deep prompt's time in that copy).
+    // Single tokens: [`token_chunk`]. Blocked batches write each token's outputs for the
+    // chunk's rows in one run: whole cache lines (16 rows), so that two threads never
+    // write the same line (chunks of 12 rows put 8% of a deep prompt's time in that copy).
     let nth = pool.n_threads();
     let chunk = if plan.blocked() {
         (n_rows / (nth * 8)).clamp(16, 128) / 16 * 16
     } else if n_tokens == 1 {
-        (n_rows / (nth * 2)).max(12) / 12 * 12
+        token_chunk(n_rows, nth, 12)
     } else {
         (n_rows / (nth * 16)).clamp(12, 96) / 12 * 12
     };

@@ -140,7 +140,7 @@ impl Decode for Q4_0 {
     #[inline(always)]
     unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
         let d = f16_at(b);
-        simple(nibbles(b.add(2)), d, -8.0 * d)
+        simple(nibbles(b.add(2)), d, Self::OFF_RATIO * d)
     }
     #[inline(always)]
     unsafe fn pair<U: Udot>(b0: *const u8, b1: *const u8) -> [__m256i; 2] {
@@ -181,7 +181,7 @@ impl Decode for Q5_0 {
     unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
         let d = f16_at(b);
         let q = _mm256_or_si256(nibbles(b.add(6)), fifth_bits(u32_at(b.add(2))));
-        simple(q, d, -16.0 * d)
+        simple(q, d, Self::OFF_RATIO * d)
     }
     #[inline(always)]
     unsafe fn pair<U: Udot>(b0: *const u8, b1: *const u8) -> [__m256i; 2] {
@@ -226,7 +226,7 @@ impl Decode for Q8_0 {
     unsafe fn group(b: *const u8, _: &(), _: usize) -> Group {
         let d = f16_at(b);
         let q = _mm256_xor_si256(load(b.add(2)), _mm256_set1_epi8(0x80u8 as i8));
-        simple(q, d, -128.0 * d)
+        simple(q, d, Self::OFF_RATIO * d)
     }
     #[inline(always)]
     unsafe fn pair<U: Udot>(b0: *const u8, b1: *const u8) -> [__m256i; 2] {
@@ -404,7 +404,11 @@ impl Decode for Q3K {
     unsafe fn group(b: *const u8, h: &[f32; 16], j: usize) -> Group {
         let q = _mm256_or_si256(crumbs(b.add(32 + 32 * (j / 4)), j % 4), mask_bit::<2>(b, j));
         let k = 2 * j;
-        halves(q, [h[k], h[k + 1]], [-4.0 * h[k], -4.0 * h[k + 1]])
+        halves(
+            q,
+            [h[k], h[k + 1]],
+            [Self::OFF_RATIO * h[k], Self::OFF_RATIO * h[k + 1]],
+        )
     }
 }
 
@@ -443,7 +447,11 @@ impl Decode for Q6K {
         let hi = _mm256_and_si256(hi, _mm256_set1_epi8(3));
         let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
         let k = 8 * n + 2 * g;
-        halves(q, [h[k], h[k + 1]], [-32.0 * h[k], -32.0 * h[k + 1]])
+        halves(
+            q,
+            [h[k], h[k + 1]],
+            [Self::OFF_RATIO * h[k], Self::OFF_RATIO * h[k + 1]],
+        )
     }
 }
 

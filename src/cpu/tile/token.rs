@@ -11,7 +11,7 @@
 use std::arch::x86_64::*;
 
 use super::decode::{headers, Decode, Group};
-use super::kernel::{rows_times_plan, tile, Udot};
+use super::kernel::{tile, Udot};
 use super::{Out, Plan};
 use crate::cpu::dot::avx2::load;
 
@@ -43,10 +43,7 @@ unsafe fn quad_token<D: Decode, U: Udot>(
                 grp[r] = D::group(w.add(r * rb + b * D::BYTES), &hdr[r], j);
                 dot[r] = U::dot(grp[r].q, a);
             }
-            let sums = _mm256_hadd_epi32(
-                _mm256_hadd_epi32(dot[0], dot[1]),
-                _mm256_hadd_epi32(dot[2], dot[3]),
-            );
+            let sums = sum_lanes4(dot);
             // The token's scaled sums the offsets count against, per half; where the
             // halves share an offset, in the first half's lanes only (it counts once).
             let s = if D::HALVES {
@@ -78,6 +75,13 @@ unsafe fn quad_token<D: Decode, U: Udot>(
     }
     let v = _mm256_fmadd_ps(offs, _mm256_set1_ps(off_ratio::<D>()), acc);
     store_halves_added(v, out, r0);
+}
+
+/// Four registers of i32 sums, each register's 128-bit halves summed apart: lanes
+/// 0-3 hold the low halves' sums of registers 0-3, lanes 4-7 the high halves'.
+#[inline(always)]
+unsafe fn sum_lanes4(d: [__m256i; 4]) -> __m256i {
+    _mm256_hadd_epi32(_mm256_hadd_epi32(d[0], d[1]), _mm256_hadd_epi32(d[2], d[3]))
 }
 
 /// Four rows' results whose two halves (lanes r and 4 + r) are added, at row `r0`.
@@ -128,10 +132,7 @@ unsafe fn quad_token_k<D: Decode, U: Udot>(
                     let q = D::group(w.add(r * rb + b * D::BYTES), &hdr[r], j).q;
                     dot[r] = U::dot(q, a);
                 }
-                sums[i] = _mm256_hadd_epi32(
-                    _mm256_hadd_epi32(dot[0], dot[1]),
-                    _mm256_hadd_epi32(dot[2], dot[3]),
-                );
+                sums[i] = sum_lanes4(dot);
             }
             // Each group's halves added: group k's rows in lanes 0-3, group k + 4's in 4-7.
             let v = _mm256_add_epi32(
@@ -221,7 +222,7 @@ unsafe fn pairs_token<D: Decode, U: Udot>(
                 off[4 * h + s] = gr.off[0];
             }
         }
-        let sums = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let sums = sum_lanes4(v);
         // The token's scale and scaled sum: block b's in lanes 0, 1, 4, 5, block b + 1's
         // in 2, 3, 6, 7.
         let (da, sa) = if b + 1 < nb {
@@ -259,9 +260,8 @@ unsafe fn two_blocks(v: *const f32, b: usize, st: usize) -> __m256 {
 }
 
 /// Rows `rows` of the matrix at `w` (rows `rb` bytes apart, `nb` blocks each) times a
-/// plan's single token: four rows at a time, the rest one by one. The kernel is the
-/// type's: [`pairs_token`], [`quad_token_k`] or [`quad_token`]; a type that fits none
-/// of them runs [`tile`]'s four rows.
+/// plan's single token: four rows at a time by the type's kernel ([`pairs_token`],
+/// [`quad_token_k`] or [`quad_token`]), the rest one by one.
 #[inline(always)]
 pub(super) unsafe fn rows_times_token<D: Decode, U: Udot>(
     w: &[u8],
@@ -271,9 +271,12 @@ pub(super) unsafe fn rows_times_token<D: Decode, U: Udot>(
     rows: std::ops::Range<usize>,
     out: Out,
 ) {
-    if !D::PAIRS && !D::HALVES && !D::SCALES8 {
-        return rows_times_plan::<D, U, 4, 1, 0>(w, rb, nb, p, rows, out);
-    }
+    const {
+        assert!(
+            D::PAIRS || D::HALVES || D::SCALES8,
+            "no single-token kernel"
+        )
+    };
     let wp = w.as_ptr();
     let mut r = rows.start;
     while r + 4 <= rows.end {
