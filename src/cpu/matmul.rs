@@ -93,17 +93,9 @@ pub fn mul_mat_quantized(
     }
     let dot = kernel(w.ty, isa)?;
     let n_rows = w.n_rows;
-    // Chunks small enough that threads finishing early find more work, large enough
-    // that the counter is not contended; a single token's, [`token_chunk`].
-    let chunk = if n_tokens == 1 {
-        token_chunk(n_rows, pool.n_threads(), 4)
-    } else {
-        (n_rows / (pool.n_threads() * 8)).clamp(4, 64)
-    };
-    let n_chunks = n_rows.div_ceil(chunk);
     let out = SharedMut::new(y);
-    pool.run_items(n_chunks, &|_, c| {
-        for r in c * chunk..((c + 1) * chunk).min(n_rows) {
+    let rows = |rows: std::ops::Range<usize>| {
+        for r in rows {
             let wr = &w.data[r * rb..(r + 1) * rb];
             for (t, ar) in a.chunks_exact(arb).take(n_tokens).enumerate() {
                 // SAFETY: row r belongs to this chunk only, so index t * n_rows + r is
@@ -111,7 +103,17 @@ pub fn mul_mat_quantized(
                 unsafe { out.write(t * n_rows + r, dot(wr, ar)) };
             }
         }
-    });
+    };
+    if n_tokens == 1 {
+        token_rows(pool, n_rows, rb, 4, &rows);
+    } else {
+        // Chunks small enough that threads finishing early find more work, large
+        // enough that the counter is not contended.
+        let chunk = (n_rows / (pool.n_threads() * 8)).clamp(4, 64);
+        pool.run_items(n_rows.div_ceil(chunk), &|_, c| {
+            rows(c * chunk..((c + 1) * chunk).min(n_rows))
+        });
+    }
     Ok(())
 }
 
@@ -135,16 +137,41 @@ pub fn tile_kernel(ty: GgmlType, isa: Isa, n_tokens: usize) -> Option<TileFn> {
     tile::kernel(ty, flavor, n_tokens)
 }
 
-/// Rows per chunk of a single token's product over `n_threads` threads, a multiple of
-/// `unit`: two chunks per thread, however long. A single token streams the weights;
-/// each chunk starts with loads nobody asked for ahead, and the tile kernels' last
-/// tiles ask for lines past its end that the other thread may read. (Tiles in chunks
-/// of at most 96 rows ran Gemma 3's generation at 100 t/s, of 384 at 113; two per
-/// thread at 123, four at 118. AVX2's Q8_0 row dots over its 262144-row output head
-/// read 18.2 GB/s in chunks of 64 rows, 23.5 in two per thread.)
-fn token_chunk(n_rows: usize, n_threads: usize, unit: usize) -> usize {
-    (n_rows / (n_threads * 2)).max(unit) / unit * unit
+/// Runs `f` over a single token's `n_rows` rows of `rb` bytes in pieces of whole
+/// `unit`s ([`Pool::run_ranges`]). A single token streams the weights: each thread
+/// reads one run of rows from the front, where the tile kernels' prefetches ahead land
+/// on its next piece, and a thread that finishes first takes pieces from the back of
+/// the other's run instead of waiting. Pieces hold at least [`TOKEN_PIECE_MIN`] bytes
+/// of weights (a claim and a kernel call each) and at most [`TOKEN_PIECE_MAX`] (what
+/// one thread may hold back from the others at the end).
+///
+/// Fixed chunks had to trade those against each other: each chunk started with loads
+/// nobody had asked for ahead, and a thread that finished its chunks waited for the
+/// other's last. Tiles in chunks of at most 96 rows ran Gemma 3's generation at 100
+/// t/s, of 384 at 113, two chunks per thread at 123, four at 118; and with two, the
+/// threads still waited on each other for 12% of SmolLM2's token. These ranges,
+/// alternated token by token with two chunks per thread: SmolLM2 1.05x, Gemma 3
+/// 1.04-1.18x (docs/perf.md).
+fn token_rows(
+    pool: &Pool,
+    n_rows: usize,
+    rb: usize,
+    unit: usize,
+    f: &(dyn Fn(std::ops::Range<usize>) + Sync),
+) {
+    let unit_bytes = (rb * unit).max(1);
+    pool.run_ranges(
+        n_rows.div_ceil(unit),
+        TOKEN_PIECE_MIN.div_ceil(unit_bytes),
+        TOKEN_PIECE_MAX.div_ceil(unit_bytes),
+        &|units| f(units.start * unit..(units.end * unit).min(n_rows)),
+    );
 }
+
+/// Bytes of weights a piece of a single token's rows holds at least, and at most
+/// ([`token_rows`]); 4 KiB, 64 KiB, 128 KiB and 2 MiB measured alike.
+const TOKEN_PIECE_MIN: usize = 16 << 10;
+const TOKEN_PIECE_MAX: usize = 512 << 10;
 
 /// y = W x with the activations in `plan` (made from [`quantize_rows`] output for
 /// `w.ty`), by `isa`'s tile kernel for `w.ty`; an error where there is none
@@ -177,25 +204,10 @@ pub fn mul_mat_tiled(
             w.n_cols
         )));
     }
-    // Chunks of whole tiles (of 2, 3 or 4 rows), several per thread: a thread the OS
-    // pauses mid-chunk holds the op up for that chunk only, and early finishers find work.
-    // Single tokens: [`token_chunk`]. Blocked batches write each token's outputs for the
-    // chunk's rows in one run: whole cache lines (16 rows), so that two threads never
-    // write the same line (chunks of 12 rows put 8% of a deep prompt's time in that copy).
-    let nth = pool.n_threads();
-    let chunk = if plan.blocked() {
-        (n_rows / (nth * 8)).clamp(16, 128) / 16 * 16
-    } else if n_tokens == 1 {
-        token_chunk(n_rows, nth, 12)
-    } else {
-        (n_rows / (nth * 16)).clamp(12, 96) / 12 * 12
-    };
-    let n_chunks = n_rows.div_ceil(chunk);
     let out = SharedMut::new(y);
-    pool.run_items(n_chunks, &|_, c| {
-        let rows = c * chunk..((c + 1) * chunk).min(n_rows);
+    let rows = |rows: std::ops::Range<usize>| {
         // SAFETY: `w` holds n_rows rows and `y` n_rows * n_tokens values (checked above);
-        // the chunk's rows are this thread's alone, so are their outputs.
+        // the piece's rows are this thread's alone, so are their outputs.
         unsafe {
             tk(
                 w.data,
@@ -208,6 +220,25 @@ pub fn mul_mat_tiled(
                 },
             )
         };
+    };
+    if n_tokens == 1 {
+        // Whole quads of rows ([`tile::token`]'s step), three to a unit as before.
+        token_rows(pool, n_rows, rb, 12, &rows);
+        return Ok(());
+    }
+    // Chunks of whole tiles (of 2, 3 or 4 rows), several per thread: a thread the OS
+    // pauses mid-chunk holds the op up for that chunk only, and early finishers find work.
+    // Blocked batches write each token's outputs for the chunk's rows in one run: whole
+    // cache lines (16 rows), so that two threads never write the same line (chunks of
+    // 12 rows put 8% of a deep prompt's time in that copy).
+    let nth = pool.n_threads();
+    let chunk = if plan.blocked() {
+        (n_rows / (nth * 8)).clamp(16, 128) / 16 * 16
+    } else {
+        (n_rows / (nth * 16)).clamp(12, 96) / 12 * 12
+    };
+    pool.run_items(n_rows.div_ceil(chunk), &|_, c| {
+        rows(c * chunk..((c + 1) * chunk).min(n_rows))
     });
     Ok(())
 }

@@ -112,6 +112,47 @@ impl Pool {
         });
     }
 
+    /// Runs `f(pieces)` over `0..n` in contiguous pieces that cover it exactly once, for
+    /// work that streams through memory: each thread walks a range of its own from the
+    /// front, so its reads stay one sequential stream, and a thread done with its own
+    /// range takes pieces from the back of the others'. Pieces are at least `grain`
+    /// long (where that much is left) and at most `max_piece`; the owner takes a quarter
+    /// of what is left of its range, a thief half of it, so the pieces shrink toward
+    /// the end and the threads finish together.
+    pub fn run_ranges(
+        &self,
+        n: usize,
+        grain: usize,
+        max_piece: usize,
+        f: &(dyn Fn(std::ops::Range<usize>) + Sync),
+    ) {
+        let nth = self.n_threads();
+        if n == 0 {
+            return;
+        }
+        if nth == 1 || n <= grain || u32::try_from(n).is_err() {
+            return f(0..n);
+        }
+        let (grain, max_piece) = (grain.max(1), max_piece.max(grain.max(1)));
+        let ranges: Vec<Ranges> = (0..nth)
+            .map(|i| {
+                let r = split(n, i, nth);
+                Ranges::new(r.start, r.end)
+            })
+            .collect();
+        self.run(&|i, nth| {
+            let own = &ranges[i];
+            while let Some(r) = own.take_front(grain, max_piece) {
+                f(r);
+            }
+            for other in (1..nth).map(|k| &ranges[(i + k) % nth]) {
+                while let Some(r) = other.take_back(grain) {
+                    f(r);
+                }
+            }
+        });
+    }
+
     /// Runs `f(items, part)` over the items of `out`, `item_len` values each: the items
     /// split into one contiguous range per thread, `part` being their values. On this
     /// thread alone, with all of them, when `out` holds fewer than 32768 values: below
@@ -279,6 +320,62 @@ fn wait_for_job(s: &Shared, seen: u64) -> bool {
     }
 }
 
+/// What is left of one thread's range in [`Pool::run_ranges`]: its front and back in
+/// one word, so that the owner taking from the front and thieves taking from the back
+/// never hand out the same index. Aligned to its own pair of cache lines: threads
+/// claiming pieces of neighbouring ranges in one line took turns fetching it, a miss
+/// per claim.
+#[repr(align(128))]
+struct Ranges(AtomicU64);
+
+impl Ranges {
+    fn new(front: usize, back: usize) -> Ranges {
+        Ranges(AtomicU64::new(pack(front, back)))
+    }
+
+    /// A quarter of what is left, within `grain..=max_piece`, from the front.
+    fn take_front(&self, grain: usize, max_piece: usize) -> Option<std::ops::Range<usize>> {
+        self.take(|left| (left / 4).clamp(grain, max_piece), false)
+    }
+
+    /// Half of what is left, at least `grain`, from the back.
+    fn take_back(&self, grain: usize) -> Option<std::ops::Range<usize>> {
+        self.take(|left| (left / 2).max(grain), true)
+    }
+
+    fn take(&self, size: impl Fn(usize) -> usize, back: bool) -> Option<std::ops::Range<usize>> {
+        let mut cur = self.0.load(Ordering::Relaxed);
+        loop {
+            let (f, b) = unpack(cur);
+            if f >= b {
+                return None;
+            }
+            let k = size(b - f).min(b - f);
+            let (next, piece) = if back {
+                (pack(f, b - k), b - k..b)
+            } else {
+                (pack(f + k, b), f..f + k)
+            };
+            match self
+                .0
+                .compare_exchange_weak(cur, next, Ordering::AcqRel, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(piece),
+                Err(now) => cur = now,
+            }
+        }
+    }
+}
+
+/// Front and back of a range below 2^32 in one word.
+fn pack(front: usize, back: usize) -> u64 {
+    (front as u64) << 32 | back as u64
+}
+
+fn unpack(v: u64) -> (usize, usize) {
+    ((v >> 32) as usize, (v & 0xffff_ffff) as usize)
+}
+
 /// The part of `0..n` thread `ith` of `nth` takes: contiguous, sizes differing by at most one.
 pub fn split(n: usize, ith: usize, nth: usize) -> std::ops::Range<usize> {
     let nth = nth.max(1);
@@ -387,6 +484,49 @@ mod tests {
                 assert_eq!(next, n);
             }
         }
+    }
+
+    #[test]
+    fn ranges_cover_every_index_once() {
+        for nth in [1, 2, 3, 4] {
+            let pool = Pool::new(nth);
+            for (n, grain, max_piece) in [
+                (0, 1, 8),
+                (1, 1, 1),
+                (7, 2, 3),
+                (577, 4, 64),
+                (10000, 1, 5000),
+            ] {
+                for _ in 0..20 {
+                    let hits: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                    pool.run_ranges(n, grain, max_piece, &|r| {
+                        assert!(r.start < r.end && r.end <= n, "{r:?} of {n}");
+                        for i in r {
+                            hits[i].fetch_add(1, Ordering::Relaxed);
+                        }
+                    });
+                    assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_stalled_thread_has_its_range_taken() {
+        // Item 0's thread stalls on its first piece until the rest of 0..n is done: only
+        // the others taking from the back of its range lets the job finish.
+        let pool = Pool::new(2);
+        let n = 4000;
+        let done = AtomicUsize::new(0);
+        pool.run_ranges(n, 10, 100, &|r| {
+            if r.start == 0 {
+                while done.load(Ordering::Acquire) < n - r.len() {
+                    std::hint::spin_loop();
+                }
+            }
+            done.fetch_add(r.len(), Ordering::AcqRel);
+        });
+        assert_eq!(done.load(Ordering::Relaxed), n);
     }
 
     #[test]
