@@ -292,6 +292,73 @@ fn plans_built_on_threads_equal_serial_ones() {
     }
 }
 
+/// Several products of one single token as one op equal each product on its own, bit
+/// for bit (the same kernels on the same plan), whatever the matrices' types (sharing an
+/// activation format), row counts and however the pieces fall across them; a matrix
+/// that does not fit the plan is an error.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn products_of_one_token_as_one_op_equal_each_alone() {
+    use wgllm::cpu::matmul::{mul_mat_tiled, mul_mat_tiled_each};
+    use wgllm::cpu::tile::Plan;
+    let Some(isa) = isas().into_iter().rfind(|&i| i != Isa::Scalar) else {
+        return;
+    };
+    let mut rng = Rng::new(37);
+    let cases: [(&[GgmlType], usize, &[usize]); 4] = [
+        (
+            &[GgmlType::Q5_0, GgmlType::Q5_0, GgmlType::Q8_0],
+            640,
+            &[1024, 256, 256],
+        ),
+        (
+            &[GgmlType::Q4_1, GgmlType::Q5_1, GgmlType::Q4_1],
+            96,
+            &[37, 1, 4099],
+        ),
+        (&[GgmlType::Q4_K, GgmlType::Q6_K], 512, &[13, 300]),
+        (&[GgmlType::Q4_0], 64, &[9000]),
+    ];
+    for threads in [1, 2, 3] {
+        let pool = Pool::new(threads);
+        for (types, n_cols, rows) in cases {
+            let wqs: Vec<Vec<u8>> = types
+                .iter()
+                .zip(rows)
+                .map(|(&ty, &n)| quantized(ty, &rng.vec(n * n_cols, 1.0)))
+                .collect();
+            let ws: Vec<WeightView> = types
+                .iter()
+                .zip(rows)
+                .zip(&wqs)
+                .map(|((&ty, &n_rows), wq)| WeightView {
+                    ty,
+                    data: wq,
+                    n_cols,
+                    n_rows,
+                })
+                .collect();
+            let at = ActType::for_weight(types[0]).unwrap();
+            let mut a = Vec::new();
+            quantize_rows(at, &rng.vec(n_cols, 2.0), n_cols, &mut a).unwrap();
+            let mut plan = Plan::default();
+            plan.build(at, &a, n_cols, 1).unwrap();
+            let mut want: Vec<Vec<f32>> = rows.iter().map(|&n| vec![0.0; n]).collect();
+            for (w, y) in ws.iter().zip(&mut want) {
+                mul_mat_tiled(&pool, isa, w, &plan, y).unwrap();
+            }
+            let mut got: Vec<Vec<f32>> = rows.iter().map(|&n| vec![f32::NAN; n]).collect();
+            let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|y| y.as_mut_slice()).collect();
+            mul_mat_tiled_each(&pool, isa, &ws, &plan, &mut outs).unwrap();
+            assert_eq!(got, want, "{types:?} on {threads} threads");
+            // An output too short for its matrix.
+            let mut short = vec![0.0; rows[0] - 1];
+            let mut outs: Vec<&mut [f32]> = vec![&mut short];
+            assert!(mul_mat_tiled_each(&pool, isa, &ws[..1], &plan, &mut outs).is_err());
+        }
+    }
+}
+
 /// A plan made for other weights is an error, not a read past its buffers.
 #[cfg(target_arch = "x86_64")]
 #[test]

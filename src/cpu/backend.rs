@@ -180,6 +180,64 @@ struct CpuOps<'a> {
     n_tokens: usize,
 }
 
+impl CpuOps<'_> {
+    /// Quantizes the input of `w`'s product (its columns `cols`) for `w`'s type, unless
+    /// the last product's input was the same; the key of what `work.qbuf` now holds.
+    fn quantize(&mut self, w: &CpuTensor, x: &CpuAct, cols: Columns) -> Result<QKey> {
+        let n_cols = w.n_cols();
+        let (first, n) = match cols {
+            Columns::All => (0, self.n_tokens),
+            Columns::Last => (self.n_tokens - 1, 1),
+        };
+        let at = ActType::for_weight(w.ty)?;
+        let key = (x.id(), at, first, n);
+        if self.work.qkey != Some(key) {
+            let xv = x.read()?;
+            let xs = xv
+                .get(first * n_cols..(first + n) * n_cols)
+                .ok_or_else(|| Error::invalid(format!("{}: input too short", w.name)))?;
+            self.work.qkey = None;
+            super::act::quantize_rows_on(self.pool, at, xs, n_cols, &mut self.work.qbuf)?;
+            self.work.qkey = Some(key);
+        }
+        Ok(key)
+    }
+
+    /// Rearranges `work.qbuf` (made under `key`) for the tile kernels, unless the plan
+    /// already holds it.
+    #[cfg(target_arch = "x86_64")]
+    fn plan(&mut self, key: QKey, n_cols: usize) -> Result<()> {
+        if self.work.plan_key != Some(key) {
+            self.work.plan_key = None;
+            let (at, n) = (key.1, key.3);
+            self.work
+                .plan
+                .build_on(self.pool, at, &self.work.qbuf, n_cols, n)?;
+            self.work.plan_key = Some(key);
+        }
+        Ok(())
+    }
+
+    /// Whether `ws` can share one plan of a single token: the same activation format and
+    /// width, and a tile kernel each.
+    #[cfg(target_arch = "x86_64")]
+    fn one_plan(&self, ws: &[&CpuTensor]) -> Result<bool> {
+        let Some(first) = ws.first() else {
+            return Ok(false);
+        };
+        let at = ActType::for_weight(first.ty)?;
+        for w in ws {
+            if ActType::for_weight(w.ty)? != at
+                || w.n_cols() != first.n_cols()
+                || super::matmul::tile_kernel(w.ty, self.isa, 1).is_none()
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
 impl Ops for CpuOps<'_> {
     type Act = CpuAct;
     type Weight = CpuTensor;
@@ -226,36 +284,44 @@ impl Ops for CpuOps<'_> {
 
     fn mul_mat(&mut self, w: &CpuTensor, x: &CpuAct, y: &CpuAct, cols: Columns) -> Result<()> {
         let view = w.view();
-        let (first, n) = match cols {
-            Columns::All => (0, self.n_tokens),
-            Columns::Last => (self.n_tokens - 1, 1),
+        let n = match cols {
+            Columns::All => self.n_tokens,
+            Columns::Last => 1,
         };
-        let at = ActType::for_weight(w.ty)?;
-        let key = (x.id(), at, first, n);
-        if self.work.qkey != Some(key) {
-            let xv = x.read()?;
-            let xs = xv
-                .get(first * view.n_cols..(first + n) * view.n_cols)
-                .ok_or_else(|| Error::invalid(format!("{}: input too short", w.name)))?;
-            self.work.qkey = None;
-            super::act::quantize_rows_on(self.pool, at, xs, view.n_cols, &mut self.work.qbuf)?;
-            self.work.qkey = Some(key);
-        }
+        let key = self.quantize(w, x, cols)?;
         let mut yv = y.write()?;
         let ys = part_mut(&mut yv, view.n_rows * n, &w.name)?;
         #[cfg(target_arch = "x86_64")]
         if super::matmul::tile_kernel(w.ty, self.isa, n).is_some() {
-            // The plan is rebuilt only when the quantized input changed.
-            if self.work.plan_key != Some(key) {
-                self.work.plan_key = None;
-                self.work
-                    .plan
-                    .build_on(self.pool, at, &self.work.qbuf, view.n_cols, n)?;
-                self.work.plan_key = Some(key);
-            }
+            self.plan(key, view.n_cols)?;
             return super::matmul::mul_mat_tiled(self.pool, self.isa, &view, &self.work.plan, ys);
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = key;
         mul_mat_quantized(self.pool, self.isa, &view, &self.work.qbuf, n, ys)
+    }
+
+    fn mul_mat_each(&mut self, ws: &[&CpuTensor], x: &CpuAct, ys: &[&CpuAct]) -> Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if self.n_tokens == 1 && ws.len() == ys.len() && self.one_plan(ws)? {
+            let key = self.quantize(ws[0], x, Columns::All)?;
+            self.plan(key, ws[0].n_cols())?;
+            let views: Vec<_> = ws.iter().map(|w| w.view()).collect();
+            let mut outs = ys.iter().map(|y| y.write()).collect::<Result<Vec<_>>>()?;
+            let mut parts = outs
+                .iter_mut()
+                .zip(ws)
+                .map(|(o, w)| part_mut(o, w.n_rows(), &w.name))
+                .collect::<Result<Vec<_>>>()?;
+            let plan = &self.work.plan;
+            return super::matmul::mul_mat_tiled_each(
+                self.pool, self.isa, &views, plan, &mut parts,
+            );
+        }
+        for (w, y) in ws.iter().zip(ys) {
+            self.mul_mat(w, x, y, Columns::All)?;
+        }
+        Ok(())
     }
 
     fn rope(&mut self, x: &CpuAct, rope: &Rope) -> Result<()> {

@@ -105,7 +105,7 @@ pub fn mul_mat_quantized(
         }
     };
     if n_tokens == 1 {
-        token_rows(pool, n_rows, rb, 4, &rows);
+        token_rows(pool, &[(n_rows, rb)], 4, &|_, r| rows(r));
     } else {
         // Chunks small enough that threads finishing early find more work, large
         // enough that the counter is not contended.
@@ -137,8 +137,10 @@ pub fn tile_kernel(ty: GgmlType, isa: Isa, n_tokens: usize) -> Option<TileFn> {
     tile::kernel(ty, flavor, n_tokens)
 }
 
-/// Runs `f` over a single token's `n_rows` rows of `rb` bytes in pieces of whole
-/// `unit`s ([`Pool::run_ranges`]). A single token streams the weights: each thread
+/// Runs `f(m, rows)` over the rows of a single token's products, matrix `m` having
+/// `mats[m] = (n_rows, row bytes)`, in pieces of whole `unit`s of rows
+/// ([`Pool::run_ranges`] over the matrices' units one after another, so that several
+/// products of one input are one op). A single token streams the weights: each thread
 /// reads one run of rows from the front, where the tile kernels' prefetches ahead land
 /// on its next piece, and a thread that finishes first takes pieces from the back of
 /// the other's run instead of waiting. Pieces hold at least [`TOKEN_PIECE_MIN`] bytes
@@ -154,17 +156,33 @@ pub fn tile_kernel(ty: GgmlType, isa: Isa, n_tokens: usize) -> Option<TileFn> {
 /// 1.04-1.18x (docs/perf.md).
 fn token_rows(
     pool: &Pool,
-    n_rows: usize,
-    rb: usize,
+    mats: &[(usize, usize)],
     unit: usize,
-    f: &(dyn Fn(std::ops::Range<usize>) + Sync),
+    f: &(dyn Fn(usize, std::ops::Range<usize>) + Sync),
 ) {
-    let unit_bytes = (rb * unit).max(1);
+    // Each matrix's first unit in the joint numbering, and the end.
+    let mut starts = Vec::with_capacity(mats.len() + 1);
+    let (mut units, mut bytes) = (0, 0);
+    for &(n_rows, rb) in mats {
+        starts.push(units);
+        units += n_rows.div_ceil(unit);
+        bytes += n_rows * rb;
+    }
+    starts.push(units);
+    let unit_bytes = (bytes / units.max(1)).max(1);
     pool.run_ranges(
-        n_rows.div_ceil(unit),
+        units,
         TOKEN_PIECE_MIN.div_ceil(unit_bytes),
         TOKEN_PIECE_MAX.div_ceil(unit_bytes),
-        &|units| f(units.start * unit..(units.end * unit).min(n_rows)),
+        &|piece| {
+            for (m, &(n_rows, _)) in mats.iter().enumerate() {
+                let (a, b) = (piece.start.max(starts[m]), piece.end.min(starts[m + 1]));
+                if a < b {
+                    let first = (a - starts[m]) * unit;
+                    f(m, first..((b - starts[m]) * unit).min(n_rows));
+                }
+            }
+        },
     );
 }
 
@@ -173,17 +191,10 @@ fn token_rows(
 const TOKEN_PIECE_MIN: usize = 16 << 10;
 const TOKEN_PIECE_MAX: usize = 512 << 10;
 
-/// y = W x with the activations in `plan` (made from [`quantize_rows`] output for
-/// `w.ty`), by `isa`'s tile kernel for `w.ty`; an error where there is none
-/// ([`tile_kernel`]) or the plan does not fit the weights.
+/// The tile kernel for `w` and `plan`, and `w`'s row bytes, once the plan is known to
+/// fit the weights and `y` to hold the product.
 #[cfg(target_arch = "x86_64")]
-pub fn mul_mat_tiled(
-    pool: &Pool,
-    isa: Isa,
-    w: &WeightView<'_>,
-    plan: &Plan,
-    y: &mut [f32],
-) -> Result<()> {
+fn tiled_checks(isa: Isa, w: &WeightView<'_>, plan: &Plan, y: &[f32]) -> Result<(TileFn, usize)> {
     let tk = tile_kernel(w.ty, isa, plan.n_tokens())
         .ok_or_else(|| Error::Unsupported(format!("no {isa:?} tile kernel for {}", w.ty)))?;
     // The kernel reads the plan's fields of its activation type, for n_cols values.
@@ -204,6 +215,69 @@ pub fn mul_mat_tiled(
             w.n_cols
         )));
     }
+    Ok((tk, rb))
+}
+
+/// ys[i] = W_i x for several matrices and one plan of a single token, as one op
+/// ([`token_rows`]): the layer's products of one input (Q, K and V; gate and up) then
+/// cost one wake-up of the threads and one wait for the last of them, not one each.
+#[cfg(target_arch = "x86_64")]
+pub fn mul_mat_tiled_each(
+    pool: &Pool,
+    isa: Isa,
+    ws: &[WeightView<'_>],
+    plan: &Plan,
+    ys: &mut [&mut [f32]],
+) -> Result<()> {
+    if plan.n_tokens() != 1 || ws.len() != ys.len() {
+        return Err(Error::invalid(format!(
+            "mul_mat: {} products for {} outputs of {} tokens, one op for single tokens only",
+            ws.len(),
+            ys.len(),
+            plan.n_tokens()
+        )));
+    }
+    let mut mats = Vec::with_capacity(ws.len());
+    let mut kernels = Vec::with_capacity(ws.len());
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        let (tk, rb) = tiled_checks(isa, w, plan, y)?;
+        mats.push((w.n_rows, rb));
+        kernels.push((tk, SharedMut::new(y)));
+    }
+    token_rows(pool, &mats, 12, &|m, rows| {
+        let (tk, out) = &kernels[m];
+        let (w, (n_rows, rb)) = (&ws[m], mats[m]);
+        // SAFETY: as in `mul_mat_tiled`, for each matrix (checked above); the piece's
+        // rows of matrix m are this thread's alone, so are their outputs.
+        unsafe {
+            tk(
+                w.data,
+                rb,
+                plan,
+                rows,
+                Out {
+                    y: out.ptr(),
+                    ld: n_rows,
+                },
+            )
+        };
+    });
+    Ok(())
+}
+
+/// y = W x with the activations in `plan` (made from [`quantize_rows`] output for
+/// `w.ty`), by `isa`'s tile kernel for `w.ty`; an error where there is none
+/// ([`tile_kernel`]) or the plan does not fit the weights.
+#[cfg(target_arch = "x86_64")]
+pub fn mul_mat_tiled(
+    pool: &Pool,
+    isa: Isa,
+    w: &WeightView<'_>,
+    plan: &Plan,
+    y: &mut [f32],
+) -> Result<()> {
+    let (tk, rb) = tiled_checks(isa, w, plan, y)?;
+    let (n_rows, n_tokens) = (w.n_rows, plan.n_tokens());
     let out = SharedMut::new(y);
     let rows = |rows: std::ops::Range<usize>| {
         // SAFETY: `w` holds n_rows rows and `y` n_rows * n_tokens values (checked above);
@@ -223,7 +297,7 @@ pub fn mul_mat_tiled(
     };
     if n_tokens == 1 {
         // Whole quads of rows ([`tile::token`]'s step), three to a unit as before.
-        token_rows(pool, n_rows, rb, 12, &rows);
+        token_rows(pool, &[(n_rows, rb)], 12, &|_, r| rows(r));
         return Ok(());
     }
     // Chunks of whole tiles (of 2, 3 or 4 rows), several per thread: a thread the OS

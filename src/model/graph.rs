@@ -139,6 +139,20 @@ pub trait Ops {
         self.add(y, tmp, n)
     }
 
+    /// ys[i] = W_i x for several matrices of one input (a layer's Q, K and V; its gate
+    /// and up): one call, so that a backend may run them as one op.
+    fn mul_mat_each(
+        &mut self,
+        ws: &[&Self::Weight],
+        x: &Self::Act,
+        ys: &[&Self::Act],
+    ) -> Result<()> {
+        for (w, y) in ws.iter().zip(ys) {
+            self.mul_mat(w, x, y, Columns::All)?;
+        }
+        Ok(())
+    }
+
     /// ys[i] = rows `rows[i]` of W x, for a W whose rows are several products' rows
     /// one after another ([`Proj::Fused`]); each ys[i] is [rows[i], n_tokens]. Only
     /// backends that fuse projections at load implement it.
@@ -240,12 +254,7 @@ impl<W, const N: usize> Proj<W, N> {
         ys: [&O::Act; N],
     ) -> Result<()> {
         match self {
-            Proj::Split(ws) => {
-                for (w, y) in ws.iter().zip(ys) {
-                    o.mul_mat(w, x, y, Columns::All)?;
-                }
-                Ok(())
-            }
+            Proj::Split(ws) => o.mul_mat_each(&ws.each_ref(), x, &ys),
             Proj::Fused(w, rows) => o.mul_mat_rows(w, x, &ys, rows),
             Proj::Leading { fused, rows, rest } => {
                 let (first, others) = ys.split_at(rows.len().min(N));
