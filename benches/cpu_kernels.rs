@@ -1,6 +1,7 @@
 //! Throughput of the CPU matmul per weight type: GB/s of weight bytes streamed, at one
 //! token (generation) and 64 tokens (prompt processing), on the pool's threads.
-//! `cargo bench --bench cpu_kernels [-- THREADS] [big | shape=COLSxROWS] [batch=N]`; with
+//! `cargo bench --bench cpu_kernels [-- THREADS] [big | shape=COLSxROWS] [batch=N]
+//! [copies=N]`; with
 //! `attn` it times attention over a cache of f16 keys and values instead (`heads=Q/KV`,
 //! `hd=N`, `keys=N`, `batch=N`: GB/s of keys and values read); with `model` it times the CpuModel
 //! on the models in `models/` instead, as `llama-bench -p 64 -n 32` does (pp64: one
@@ -111,19 +112,34 @@ fn main() {
                 }
                 all
             };
-            let w = WeightView {
-                ty,
-                data: &wq,
-                n_cols,
-                n_rows,
-            };
+            // `copies=N` cycles through N copies of the weights, so that each op reads
+            // them from memory as a model too large for the caches does.
+            let copies: usize = arg("copies=")
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(1)
+                .max(1);
+            let wq = wq.repeat(copies);
+            let one = wq.len() / copies;
+            let views: Vec<WeightView> = wq
+                .chunks_exact(one)
+                .map(|data| WeightView {
+                    ty,
+                    data,
+                    n_cols,
+                    n_rows,
+                })
+                .collect();
             for &n_tokens in &token_counts {
                 let at = ActType::for_weight(ty).unwrap();
                 let mut a = Vec::new();
                 quantize_rows(at, &values(n_cols * n_tokens, 2), n_cols, &mut a).unwrap();
                 let mut y = vec![0.0; n_rows * n_tokens];
-                let run =
-                    |y: &mut [f32]| mul_mat_quantized(&pool, isa, &w, &a, n_tokens, y).unwrap();
+                let next = std::cell::Cell::new(0);
+                let run = |y: &mut [f32]| {
+                    let w = &views[next.get() % copies];
+                    next.set(next.get() + 1);
+                    mul_mat_quantized(&pool, isa, w, &a, n_tokens, y).unwrap()
+                };
                 run(&mut y);
                 let budget = 0.3;
                 let t0 = Instant::now();
@@ -141,7 +157,7 @@ fn main() {
                     format!("{n_cols}x{n_rows}"),
                     n_tokens,
                     s * 1e3,
-                    wq.len() as f64 / s / 1e9,
+                    one as f64 / s / 1e9,
                     macs / 1e9,
                     pct
                 );
