@@ -126,8 +126,9 @@ pub(super) fn widen<const F: bool, const W: usize>(h: &[u16]) -> [f32; W] {
 /// An f16 as f32 in integer and float arithmetic with no branch or table: the bits
 /// shifted into f32's places and scaled by 2^112 (which also makes subnormals normal),
 /// infinities and NaNs given f32's exponent.
+/// The tile plans read their scales with it too.
 #[inline(always)]
-fn f16_to_f32(h: u16) -> f32 {
+pub(crate) fn f16_to_f32(h: u16) -> f32 {
     let h = h as u32;
     let em = h & 0x7fff;
     let v = f32::from_bits(em << 13) * f32::from_bits(0x7780_0000);
