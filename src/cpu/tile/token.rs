@@ -200,7 +200,6 @@ unsafe fn pairs_token<D: Decode, U: Udot>(
         // A missing second block (odd `nb`) leaves its slots zero.
         let mut v = [_mm256_setzero_si256(); 4];
         let mut sc = [0f32; 8];
-        let mut off = [0f32; 8];
         for s in 0..4 {
             let (k, bs) = (s % 2, b + s / 2);
             if bs >= nb {
@@ -216,10 +215,12 @@ unsafe fn pairs_token<D: Decode, U: Udot>(
             let w1 = w0.add(rb);
             let [q0, q1] = D::pair::<U>(w0, w1);
             v[s] = U::dot_add(U::dot(q0, a0), q1, a1);
-            for (h, wr) in [w0, w1].into_iter().enumerate() {
-                let gr = D::group(wr, &D::ZERO, 0);
-                sc[4 * h + s] = gr.sc[0];
-                off[4 * h + s] = gr.off[0];
+            // The symmetric types' scales one by one (the compiler gathers them into one
+            // conversion); the others' scales and offsets below.
+            if D::OFF_RATIO != 0.0 {
+                for (h, wr) in [w0, w1].into_iter().enumerate() {
+                    sc[4 * h + s] = D::group(wr, &D::ZERO, 0).sc[0];
+                }
             }
         }
         let sums = sum_lanes4(v);
@@ -233,13 +234,13 @@ unsafe fn pairs_token<D: Decode, U: Udot>(
                 _mm256_set1_ps(*sp.add(b * st)),
             )
         };
-        let sc = _mm256_loadu_ps(sc.as_ptr());
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sc, da), acc);
-        let off = if D::OFF_RATIO != 0.0 {
-            sc
+        let (sc, off) = if D::OFF_RATIO != 0.0 {
+            let sc = _mm256_loadu_ps(sc.as_ptr());
+            (sc, sc)
         } else {
-            _mm256_loadu_ps(off.as_ptr())
+            pair_headers::<D>(w, rb, nb, b)
         };
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), _mm256_mul_ps(sc, da), acc);
         offs = _mm256_fmadd_ps(off, sa, offs);
     }
     let mut lanes = [0f32; 8];
@@ -249,6 +250,53 @@ unsafe fn pairs_token<D: Decode, U: Udot>(
     for (r, l) in [0, 4, 1, 5].into_iter().enumerate() {
         *out.y.add(r0 + r) = lanes[l] + lanes[l + 2];
     }
+}
+
+/// The scales and offsets of [`pairs_token`]'s step at blocks `b` and `b + 1`, in its
+/// lanes (rows 0, 2 of block b, then of b + 1, then rows 1, 3 likewise; zero for a
+/// block b + 1 past `nb`), for the types with offsets of their own (Q4_1, Q5_1). Their
+/// blocks begin with the f16 scale and the offset beside it: one 32-bit word per row
+/// and block holds both, and the eight words convert as one vector. Read one by one, as
+/// the symmetric types' scales are, the sixteen values took a fifth of the kernel's
+/// time (`cpu_kernels shape=576x1536 batch=1`, from L2, 10 alternations: Q4_1 1.21x,
+/// Q5_1 1.03x); for the symmetric types' eight values the words were 0.95x.
+#[inline(always)]
+unsafe fn pair_headers<D: Decode>(
+    w: *const u8,
+    rb: usize,
+    nb: usize,
+    b: usize,
+) -> (__m256, __m256) {
+    // Without a block b + 1, block b's words again, its lanes then cleared.
+    let b1 = (b + 1).min(nb - 1);
+    let word =
+        |r: usize, blk: usize| (w.add(r * rb + blk * D::BYTES) as *const i32).read_unaligned();
+    let h = _mm256_setr_epi32(
+        word(0, b),
+        word(2, b),
+        word(0, b1),
+        word(2, b1),
+        word(1, b),
+        word(3, b),
+        word(1, b1),
+        word(3, b1),
+    );
+    let (mut sc, mut off) = (f16_lows(h), f16_lows(_mm256_srli_epi32::<16>(h)));
+    if b1 == b {
+        let z = _mm256_setzero_ps();
+        sc = _mm256_blend_ps::<0b1100_1100>(sc, z);
+        off = _mm256_blend_ps::<0b1100_1100>(off, z);
+    }
+    (sc, off)
+}
+
+/// The f16s in the low halves of eight 32-bit lanes, as floats.
+#[inline(always)]
+unsafe fn f16_lows(v: __m256i) -> __m256 {
+    let lo = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+    // Per 128-bit lane: lanes 0-3 twice, then 4-7 twice; quads 0 and 2 are all eight.
+    let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(lo, lo));
+    _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
 }
 
 /// The plan values `v[b * st]` and `v[(b + 1) * st]`, each in the lanes of its block's
