@@ -74,6 +74,14 @@ pub struct Plan {
     /// the scale (one per 8 groups) once per block.
     sb: Vec<f32>,
     sb16: Vec<f32>,
+    /// A single token's `d` and `s` for [`token`]'s kernel over pairs of blocks (Q8_0
+    /// and Q8_1 activations; empty for other plans): per pair of groups (2k, 2k + 1),
+    /// eight lanes holding group 2k's value in lanes 0, 1, 4, 5 and group 2k + 1's in 2,
+    /// 3, 6, 7 (2k's in all eight where 2k + 1 is past the end). One load per step,
+    /// where picking them out of `d` and `s` took two loads, two broadcasts and a blend
+    /// each.
+    pub(super) d8: Vec<f32>,
+    pub(super) s8: Vec<f32>,
 }
 
 impl Plan {
@@ -193,7 +201,25 @@ impl Plan {
             }
             _ => (0..n_tokens).for_each(row),
         }
+        if n_tokens == 1 && !self.blocked && matches!(at, ActType::Q8_0 | ActType::Q8_1) {
+            pair_lanes(&self.d, stride, ng, &mut self.d8);
+            pair_lanes(&self.s, stride, ng, &mut self.s8);
+        } else {
+            self.d8.clear();
+            self.s8.clear();
+        }
         Ok(())
+    }
+}
+
+/// `v`'s first token of each of `ng` groups (`stride` apart) in the lanes of
+/// [`Plan::d8`].
+fn pair_lanes(v: &[f32], stride: usize, ng: usize, out: &mut Vec<f32>) {
+    out.clear();
+    for g in (0..ng).step_by(2) {
+        let a = v[g * stride];
+        let b = if g + 1 < ng { v[(g + 1) * stride] } else { a };
+        out.extend_from_slice(&[a, a, b, b, a, a, b, b]);
     }
 }
 
