@@ -244,25 +244,36 @@ pub fn mul_mat_tiled_each(
         mats.push((w.n_rows, rb));
         kernels.push((tk, SharedMut::new(y)));
     }
+    // Whole quads of rows ([`tile::token`]'s step), three to a unit.
     token_rows(pool, &mats, 12, &|m, rows| {
         let (tk, out) = &kernels[m];
-        let (w, (n_rows, rb)) = (&ws[m], mats[m]);
-        // SAFETY: as in `mul_mat_tiled`, for each matrix (checked above); the piece's
-        // rows of matrix m are this thread's alone, so are their outputs.
-        unsafe {
-            tk(
-                w.data,
-                rb,
-                plan,
-                rows,
-                Out {
-                    y: out.ptr(),
-                    ld: n_rows,
-                },
-            )
-        };
+        // SAFETY: `tiled_checks` found that matrix m holds its rows and its output
+        // n_rows values; the piece's rows are this thread's alone, so are their outputs.
+        unsafe { tile_rows(*tk, &ws[m], mats[m].1, plan, rows, out) };
     });
     Ok(())
+}
+
+/// Runs the tile kernel `tk` over `rows` of `w` (rows `rb` bytes apart) times `plan`'s
+/// tokens, into `out` (`w.n_rows` values per token).
+///
+/// # Safety
+/// `w` and `out` must be the sizes [`tiled_checks`] asks for, and no other thread may
+/// write these rows' outputs meanwhile.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tile_rows(
+    tk: TileFn,
+    w: &WeightView<'_>,
+    rb: usize,
+    plan: &Plan,
+    rows: std::ops::Range<usize>,
+    out: &SharedMut<'_, f32>,
+) {
+    let out = Out {
+        y: out.ptr(),
+        ld: w.n_rows,
+    };
+    tk(w.data, rb, plan, rows, out)
 }
 
 /// y = W x with the activations in `plan` (made from [`quantize_rows`] output for
@@ -276,30 +287,15 @@ pub fn mul_mat_tiled(
     plan: &Plan,
     y: &mut [f32],
 ) -> Result<()> {
-    let (tk, rb) = tiled_checks(isa, w, plan, y)?;
-    let (n_rows, n_tokens) = (w.n_rows, plan.n_tokens());
-    let out = SharedMut::new(y);
-    let rows = |rows: std::ops::Range<usize>| {
-        // SAFETY: `w` holds n_rows rows and `y` n_rows * n_tokens values (checked above);
-        // the piece's rows are this thread's alone, so are their outputs.
-        unsafe {
-            tk(
-                w.data,
-                rb,
-                plan,
-                rows,
-                Out {
-                    y: out.ptr(),
-                    ld: n_rows,
-                },
-            )
-        };
-    };
-    if n_tokens == 1 {
-        // Whole quads of rows ([`tile::token`]'s step), three to a unit as before.
-        token_rows(pool, &[(n_rows, rb)], 12, &|_, r| rows(r));
-        return Ok(());
+    if plan.n_tokens() == 1 {
+        return mul_mat_tiled_each(pool, isa, std::slice::from_ref(w), plan, &mut [y]);
     }
+    let (tk, rb) = tiled_checks(isa, w, plan, y)?;
+    let n_rows = w.n_rows;
+    let out = SharedMut::new(y);
+    // SAFETY: `tiled_checks` found `w` and `y` the right sizes; a chunk's rows are this
+    // thread's alone, so are their outputs.
+    let rows = |rows| unsafe { tile_rows(tk, w, rb, plan, rows, &out) };
     // Chunks of whole tiles (of 2, 3 or 4 rows), several per thread: a thread the OS
     // pauses mid-chunk holds the op up for that chunk only, and early finishers find work.
     // Blocked batches write each token's outputs for the chunk's rows in one run: whole

@@ -130,6 +130,8 @@ impl Pool {
         if n == 0 {
             return;
         }
+        // A range's front and back are packed in 32 bits each; a job of more pieces than
+        // that (none a model makes) runs on this thread.
         if nth == 1 || n <= grain || u32::try_from(n).is_err() {
             return f(0..n);
         }
