@@ -12,6 +12,9 @@ use crate::cpu::dot::avx2::{hsum, load};
 /// The unsigned-by-signed byte dot product a kernel is built on, and the byte
 /// operations whose best form differs between the flavours.
 pub(super) trait Udot {
+    /// Whether the dot sums four products in 32 bits at once (AVX-512 VNNI), so that
+    /// [`Decode::WIDE`] values fit; AVX2's sums pairs in 16 bits first.
+    const VNNI: bool;
     /// `q` with 16 added to byte i wherever bit i of `bits` is set (the Q5 types'
     /// fifth bits, where `q` holds the low four).
     unsafe fn fifth_bits(q: __m256i, bits: u32) -> __m256i;
@@ -23,6 +26,7 @@ pub(super) trait Udot {
 
 pub(super) struct Vnni;
 impl Udot for Vnni {
+    const VNNI: bool = true;
     #[inline(always)]
     unsafe fn fifth_bits(q: __m256i, bits: u32) -> __m256i {
         // One masked add (AVX-512 BW): the AVX2 form spreads the bits over bytes first.
@@ -40,6 +44,7 @@ impl Udot for Vnni {
 
 pub(super) struct Avx2;
 impl Udot for Avx2 {
+    const VNNI: bool = false;
     #[inline(always)]
     unsafe fn fifth_bits(q: __m256i, bits: u32) -> __m256i {
         _mm256_or_si256(q, fifth_bits(bits))

@@ -12,7 +12,8 @@
 //! `sum(w * a) = scale * d_a * sum(q * a_q) + offset * (d_a * sum(a_q))`.
 //!
 //! The byte products are summed with `vpdpbusd` (AVX-512 VNNI) or `maddubs` + `madd`
-//! (AVX2, where two products must fit an i16, so Q8_0 weights are left to the row dot).
+//! (AVX2, where two products must fit an i16: Q8_0 weights go to the row dot in small
+//! batches, and a single token dots them as signed bytes, `token::signed`).
 //!
 //! Three kernels share that shape. Small batches ([`kernel`]) hold a tile's tokens per
 //! register lane group and decode each weight group as they reach it. A single token's
@@ -415,8 +416,8 @@ pub fn blocked_for(n_tokens: usize) -> bool {
 }
 
 /// The tile kernel for weights of `ty` in `flavor` and plans of `n_tokens` tokens, or
-/// `None` where the row dots are used (float weights; Q8_0 on AVX2 outside blocked
-/// batches, whose byte pairs overflow `maddubs` there). Callers must have checked
+/// `None` where the row dots are used (float weights; Q8_0 on AVX2 in batches too small
+/// to be blocked, whose byte pairs overflow `maddubs` there). Callers must have checked
 /// `flavor.available()`.
 pub fn kernel(ty: GgmlType, flavor: Flavor, n_tokens: usize) -> Option<TileFn> {
     use GgmlType as G;
@@ -431,7 +432,7 @@ pub fn kernel(ty: GgmlType, flavor: Flavor, n_tokens: usize) -> Option<TileFn> {
         (G::Q5_1, false) => q5_1_avx2,
         (G::Q5_1, true) => q5_1_vnni,
         (G::Q8_0, true) => q8_0_vnni,
-        (G::Q8_0, false) if blocked_for(n_tokens) => q8_0_avx2,
+        (G::Q8_0, false) if n_tokens == 1 || blocked_for(n_tokens) => q8_0_avx2,
         (G::Q8_0, false) => return None,
         (G::Q2_K, false) => q2_k_avx2,
         (G::Q2_K, true) => q2_k_vnni,
