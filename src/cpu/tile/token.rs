@@ -307,10 +307,10 @@ unsafe fn signed_row<D: Decode, U: Udot>(w: *const u8, nb: usize, p: &Plan, r: u
 /// lanes (rows 0, 2 of block b, then of b + 1, then rows 1, 3 likewise; zero for a
 /// block b + 1 past `nb`), for the types with offsets of their own (Q4_1, Q5_1). Their
 /// blocks begin with the f16 scale and the offset beside it: one 32-bit word per row
-/// and block holds both, and the eight words convert as one vector. Read one by one, as
-/// the symmetric types' scales are, the sixteen values took a fifth of the kernel's
-/// time (`cpu_kernels shape=576x1536 batch=1`, from L2, 10 alternations: Q4_1 1.21x,
-/// Q5_1 1.03x); for the symmetric types' eight values the words were 0.95x.
+/// and block holds both, and the eight words convert as one vector, where the compiler
+/// gathered the sixteen values one by one (`cpu_kernels shape=576x1536 batch=1`, from
+/// L2, two runs of 10 alternations: Q4_1 1.06-1.21x, Q5_1 0.98-1.04x; SmolLM2's
+/// generation 1.09x). For the symmetric types' eight scales the words were no gain.
 #[inline(always)]
 unsafe fn pair_headers<D: Decode>(
     w: *const u8,
