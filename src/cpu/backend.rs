@@ -318,10 +318,7 @@ impl Ops for CpuOps<'_> {
                 self.pool, self.isa, &views, plan, &mut parts,
             );
         }
-        for (w, y) in ws.iter().zip(ys) {
-            self.mul_mat(w, x, y, Columns::All)?;
-        }
-        Ok(())
+        graph::products_one_by_one(self, ws, x, ys)
     }
 
     fn rope(&mut self, x: &CpuAct, rope: &Rope) -> Result<()> {

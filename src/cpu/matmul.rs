@@ -187,7 +187,7 @@ fn token_rows(
 }
 
 /// Bytes of weights a piece of a single token's rows holds at least, and at most
-/// ([`token_rows`]); 4 KiB, 64 KiB, 128 KiB and 2 MiB measured alike.
+/// ([`token_rows`]); at least 1, 4 or 64 KiB, at most 128 KiB or 2 MiB measured alike.
 const TOKEN_PIECE_MIN: usize = 16 << 10;
 const TOKEN_PIECE_MAX: usize = 512 << 10;
 

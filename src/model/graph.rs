@@ -147,10 +147,7 @@ pub trait Ops {
         x: &Self::Act,
         ys: &[&Self::Act],
     ) -> Result<()> {
-        for (w, y) in ws.iter().zip(ys) {
-            self.mul_mat(w, x, y, Columns::All)?;
-        }
-        Ok(())
+        products_one_by_one(self, ws, x, ys)
     }
 
     /// ys[i] = rows `rows[i]` of W x, for a W whose rows are several products' rows
@@ -214,6 +211,20 @@ pub fn norms_then_rope_attention<O: Ops + ?Sized>(
     o.rms_norm(q, norms.q, qn, hd, h.rope.n_heads, eps)?;
     o.rms_norm(k, norms.k, kn, hd, h.k_heads, eps)?;
     o.rope_attention(h.il, [qn, kn, v], h.out, h.rope, h.k_heads, h.attn)
+}
+
+/// [`Ops::mul_mat_each`] as one product after another (backends with no joint form,
+/// and products a backend cannot join).
+pub fn products_one_by_one<O: Ops + ?Sized>(
+    o: &mut O,
+    ws: &[&O::Weight],
+    x: &O::Act,
+    ys: &[&O::Act],
+) -> Result<()> {
+    for (w, y) in ws.iter().zip(ys) {
+        o.mul_mat(w, x, y, Columns::All)?;
+    }
+    Ok(())
 }
 
 /// [`Ops::mul_mat_glu`] as separate ops: the products, then [`Ops::glu`].

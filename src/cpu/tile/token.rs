@@ -195,11 +195,9 @@ unsafe fn pairs_token<D: Decode, U: Udot>(
     let mut acc = _mm256_setzero_ps();
     let mut offs = _mm256_setzero_ps();
     let qs = p.qs.as_ptr() as *const u8;
-    let (dp, sp, st) = (p.d.as_ptr(), p.s.as_ptr(), p.stride);
-    // The token's scales and sums laid out for these steps ([`Plan::d8`], made for
-    // every single token's plan of these types: 1.02-1.05x the models' generation);
-    // picked out of `d` and `s` step by step where a plan lacks them.
-    let lanes8 = p.d8.len() >= 4 * nb && p.s8.len() >= 4 * nb;
+    // The token's scales and sums laid out for these steps ([`Plan::d8`]; checked
+    // present in `rows_times_token`).
+    let (d8, s8) = (p.d8.as_ptr(), p.s8.as_ptr());
     for b in (0..nb).step_by(2) {
         // A missing second block (odd `nb`) leaves its slots zero.
         let mut v = [_mm256_setzero_si256(); 4];
@@ -234,20 +232,10 @@ unsafe fn pairs_token<D: Decode, U: Udot>(
         let sums = sum_lanes4(v);
         // The token's scale and scaled sum: block b's in lanes 0, 1, 4, 5, block b + 1's
         // in 2, 3, 6, 7.
-        let (da, sa) = if lanes8 {
-            let at = 4 * b;
-            (
-                _mm256_loadu_ps(p.d8.as_ptr().add(at)),
-                _mm256_loadu_ps(p.s8.as_ptr().add(at)),
-            )
-        } else if b + 1 < nb {
-            (two_blocks(dp, b, st), two_blocks(sp, b, st))
-        } else {
-            (
-                _mm256_set1_ps(*dp.add(b * st)),
-                _mm256_set1_ps(*sp.add(b * st)),
-            )
-        };
+        let (da, sa) = (
+            _mm256_loadu_ps(d8.add(4 * b)),
+            _mm256_loadu_ps(s8.add(4 * b)),
+        );
         let (sc, off) = if D::OFF_RATIO != 0.0 {
             let sc = _mm256_loadu_ps(sc.as_ptr());
             (sc, sc)
@@ -350,14 +338,6 @@ unsafe fn f16_lows(v: __m256i) -> __m256 {
     _mm256_cvtph_ps(_mm256_castsi256_si128(packed))
 }
 
-/// The plan values `v[b * st]` and `v[(b + 1) * st]`, each in the lanes of its block's
-/// slots in [`pairs_token`].
-#[inline(always)]
-unsafe fn two_blocks(v: *const f32, b: usize, st: usize) -> __m256 {
-    let first = _mm256_set1_ps(*v.add(b * st));
-    _mm256_blend_ps::<0b1100_1100>(first, _mm256_set1_ps(*v.add((b + 1) * st)))
-}
-
 /// Rows `rows` of the matrix at `w` (rows `rb` bytes apart, `nb` blocks each) times a
 /// plan's single token: four rows at a time by the type's kernel ([`pairs_token`],
 /// [`quad_token_k`] or [`quad_token`]), the rest one by one.
@@ -376,6 +356,12 @@ pub(super) unsafe fn rows_times_token<D: Decode, U: Udot>(
             "no single-token kernel"
         )
     };
+    // Every single token's plan of the pair types' activations (Q8_0, Q8_1) lays out
+    // its scales and sums for `pairs_token`, which reads them unchecked.
+    assert!(
+        !D::PAIRS || (p.d8.len() >= 4 * nb && p.s8.len() >= 4 * nb),
+        "a single token's plan without its pair lanes"
+    );
     let wp = w.as_ptr();
     let mut r = rows.start;
     while r + 4 <= rows.end {
