@@ -484,13 +484,21 @@ pub(super) unsafe fn headers<D: Decode, const R: usize>(
     for (r, h) in hdr.iter_mut().enumerate() {
         *h = D::hdr(w.add(r * rb + b * D::BYTES));
     }
+    ask_ahead::<R>(w, rb, b * R * D::BYTES, R * D::BYTES);
+    hdr
+}
+
+/// The bytes `at .. at + len` of the next tile of R rows (at `w`, `rb` bytes apart)
+/// asked for into L1, and the same bytes [`FAR_TILES`] tiles ahead into L2: a kernel's
+/// step reading `len` bytes of its tile's rows asks for as many of the tiles ahead
+/// (see [`headers`]).
+#[inline(always)]
+pub(super) unsafe fn ask_ahead<const R: usize>(w: *const u8, rb: usize, at: usize, len: usize) {
     // Wrapping: the address may lie past the matrix's end; a prefetch never faults.
-    let step = R * D::BYTES;
-    let next = w.wrapping_add(R * rb + b * step);
-    let far = w.wrapping_add(FAR_TILES * R * rb + b * step);
-    for k in (0..step).step_by(64) {
+    let next = w.wrapping_add(R * rb + at);
+    let far = w.wrapping_add(FAR_TILES * R * rb + at);
+    for k in (0..len).step_by(64) {
         _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(k) as *const i8);
         _mm_prefetch::<_MM_HINT_T1>(far.wrapping_add(k) as *const i8);
     }
-    hdr
 }
