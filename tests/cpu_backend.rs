@@ -359,6 +359,89 @@ fn products_of_one_token_as_one_op_equal_each_alone() {
     }
 }
 
+/// A batch's gate and up products with the activation applied inside the op equal the
+/// two products followed by the activation, bit for bit (the same kernels on the same
+/// plan, the same elementwise arithmetic), for row counts that leave partial chunks and
+/// tiles, batches of whole and partial token blocks, both activations and 1 to 3
+/// threads; a plan too small to be blocked, or matrices of different heights, are
+/// errors.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn gate_and_up_with_their_activation_as_one_op_equal_the_ops_apart() {
+    use wgllm::cpu::matmul::{mul_mat_tiled, mul_mat_tiled_glu};
+    use wgllm::cpu::tile::Plan;
+    let mut rng = Rng::new(41);
+    let x86: Vec<Isa> = isas()
+        .into_iter()
+        .filter(|i| matches!(i, Isa::Avx2 | Isa::Avx512Vnni))
+        .collect();
+    let cases = [
+        (GgmlType::Q4_1, 96, 37, 16),
+        (GgmlType::Q5_0, 640, 300, 40),
+        (GgmlType::Q4_K, 512, 1000, 17),
+        (GgmlType::Q6_K, 256, 130, 75),
+        (GgmlType::Q4_0, 64, 2049, 33),
+    ];
+    for threads in [1, 2, 3] {
+        let pool = Pool::new(threads);
+        for &isa in &x86 {
+            for (k, &(ty, n_cols, n_rows, n_tokens)) in cases.iter().enumerate() {
+                let act = [Activation::Silu, Activation::GeluTanh][k % 2];
+                let wq: Vec<Vec<u8>> = (0..2)
+                    .map(|_| quantized(ty, &rng.vec(n_rows * n_cols, 1.0)))
+                    .collect();
+                let (g, u) = (
+                    glu_view(ty, &wq[0], n_cols, n_rows),
+                    glu_view(ty, &wq[1], n_cols, n_rows),
+                );
+                let at = ActType::for_weight(ty).unwrap();
+                let mut a = Vec::new();
+                quantize_rows(at, &rng.vec(n_cols * n_tokens, 2.0), n_cols, &mut a).unwrap();
+                let mut plan = Plan::default();
+                plan.build(at, &a, n_cols, n_tokens).unwrap();
+                let n = n_rows * n_tokens;
+                let (mut yg, mut yu, mut want) = (vec![0.0; n], vec![0.0; n], vec![0.0; n]);
+                mul_mat_tiled(&pool, isa, &g, &plan, &mut yg).unwrap();
+                mul_mat_tiled(&pool, isa, &u, &plan, &mut yu).unwrap();
+                cops::glu(&pool, &yg, &yu, &mut want, act);
+                let mut got = vec![f32::NAN; n];
+                mul_mat_tiled_glu(&pool, isa, [&g, &u], &plan, &mut got, act).unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{ty} {n_rows}x{n_cols} t={n_tokens} {isa:?} {threads}"
+                );
+                // Up one row short of gate.
+                let short = glu_view(ty, &wq[1], n_cols, n_rows - 1);
+                assert!(mul_mat_tiled_glu(&pool, isa, [&g, &short], &plan, &mut got, act).is_err());
+            }
+            // A batch too small for blocked plans.
+            let wq = quantized(GgmlType::Q4_0, &rng.vec(64 * 32, 1.0));
+            let w = glu_view(GgmlType::Q4_0, &wq, 64, 32);
+            let mut a = Vec::new();
+            quantize_rows(ActType::Q8_0, &rng.vec(64 * 4, 1.0), 64, &mut a).unwrap();
+            let mut plan = Plan::default();
+            plan.build(ActType::Q8_0, &a, 64, 4).unwrap();
+            let mut y = vec![0.0; 32 * 4];
+            let silu = Activation::Silu;
+            assert!(mul_mat_tiled_glu(&pool, isa, [&w, &w], &plan, &mut y, silu).is_err());
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn glu_view(ty: GgmlType, data: &[u8], n_cols: usize, n_rows: usize) -> WeightView<'_> {
+    WeightView {
+        ty,
+        data,
+        n_cols,
+        n_rows,
+    }
+}
+
 /// A plan made for other weights is an error, not a read past its buffers.
 #[cfg(target_arch = "x86_64")]
 #[test]

@@ -17,7 +17,7 @@ use super::ops;
 use super::pool::Pool;
 use crate::gguf::{GgufFile, TensorInfo};
 use crate::model::gpu_backend::Logits;
-use crate::model::graph::{self, Ops, Scratch};
+use crate::model::graph::{self, Ops, Proj, Scratch};
 use crate::model::weights::{self, ModelWeights};
 use crate::model::Config;
 use crate::ops::attention::Attention;
@@ -218,10 +218,45 @@ impl CpuOps<'_> {
         Ok(())
     }
 
-    /// Whether `ws` can share one plan of a single token: the same activation format and
-    /// width, and a tile kernel each.
+    /// out = act(gate x) * (up x) over this step's batch in one op
+    /// ([`super::matmul::mul_mat_tiled_glu`]), where the batch is blocked and both
+    /// matrices (`n` rows each) have a tile kernel for it; false (nothing done)
+    /// otherwise.
+    #[cfg(target_arch = "x86_64")]
+    fn batch_glu(
+        &mut self,
+        ws: [&CpuTensor; 2],
+        x: &CpuAct,
+        out: &CpuAct,
+        n: usize,
+        act: Activation,
+    ) -> Result<bool> {
+        if !super::tile::blocked_for(self.n_tokens)
+            || ws.iter().any(|w| w.n_rows() != n)
+            || !self.shared_plan(&ws, self.n_tokens)?
+        {
+            return Ok(false);
+        }
+        let key = self.quantize(ws[0], x, Columns::All)?;
+        self.plan(key, ws[0].n_cols())?;
+        let mut o = out.write()?;
+        let os = part_mut(&mut o, n * self.n_tokens, &ws[0].name)?;
+        let (g, u) = (ws[0].view(), ws[1].view());
+        let plan = &self.work.plan;
+        super::matmul::mul_mat_tiled_glu(self.pool, self.isa, [&g, &u], plan, os, act)?;
+        Ok(true)
+    }
+
+    /// Whether `ws` can share one plan of a single token ([`CpuOps::shared_plan`]).
     #[cfg(target_arch = "x86_64")]
     fn one_plan(&self, ws: &[&CpuTensor]) -> Result<bool> {
+        self.shared_plan(ws, 1)
+    }
+
+    /// Whether `ws` can share one plan of `n_tokens` tokens: the same activation
+    /// format and width, and a tile kernel each.
+    #[cfg(target_arch = "x86_64")]
+    fn shared_plan(&self, ws: &[&CpuTensor], n_tokens: usize) -> Result<bool> {
         let Some(first) = ws.first() else {
             return Ok(false);
         };
@@ -229,7 +264,7 @@ impl CpuOps<'_> {
         for w in ws {
             if ActType::for_weight(w.ty)? != at
                 || w.n_cols() != first.n_cols()
-                || super::matmul::tile_kernel(w.ty, self.isa, 1).is_none()
+                || super::matmul::tile_kernel(w.ty, self.isa, n_tokens).is_none()
             {
                 return Ok(false);
             }
@@ -319,6 +354,23 @@ impl Ops for CpuOps<'_> {
             );
         }
         graph::products_one_by_one(self, ws, x, ys)
+    }
+
+    fn mul_mat_glu(
+        &mut self,
+        w: &Proj<CpuTensor, 2>,
+        x: &CpuAct,
+        [gate, up]: [&CpuAct; 2],
+        out: &CpuAct,
+        (n, act): (u32, Activation),
+    ) -> Result<()> {
+        #[cfg(target_arch = "x86_64")]
+        if let Proj::Split([g, u]) = w {
+            if self.batch_glu([g, u], x, out, n as usize, act)? {
+                return Ok(());
+            }
+        }
+        graph::products_then_glu(self, w, x, [gate, up], out, (n, act))
     }
 
     fn rope(&mut self, x: &CpuAct, rope: &Rope) -> Result<()> {

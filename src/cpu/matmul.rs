@@ -10,6 +10,7 @@ use super::dot::{kernel, Isa};
 use super::pool::{Pool, SharedMut};
 #[cfg(target_arch = "x86_64")]
 use super::tile::{self, Flavor, Out, Plan, TileFn};
+use crate::ops::glu::Activation;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
 
@@ -276,6 +277,82 @@ unsafe fn tile_rows(
     tk(w.data, rb, plan, rows, out)
 }
 
+/// out = act(W_gate x) * (W_up x) over a batch's blocked `plan` (`ws` the gate and up
+/// matrices, of one shape, each with `isa`'s tile kernel): each chunk of rows runs both
+/// products into buffers of its own, [token][row], and applies the activation from
+/// there. The products' outputs never reach memory and no pass of their own reads them
+/// back: gate and up were two thirds of what a layer's products wrote. Against the two
+/// products and a separate activation, token by token: prompts of 512 SmolLM2
+/// 1.04-1.07x, Gemma 3 1.01-1.05x. (A residual add applied the same way measured no
+/// gain.)
+#[cfg(target_arch = "x86_64")]
+pub fn mul_mat_tiled_glu(
+    pool: &Pool,
+    isa: Isa,
+    ws: [&WeightView<'_>; 2],
+    plan: &Plan,
+    out: &mut [f32],
+    act: Activation,
+) -> Result<()> {
+    let n_rows = ws[0].n_rows;
+    if !plan.blocked() || ws[1].n_rows != n_rows {
+        return Err(Error::invalid(format!(
+            "mul_mat_glu: gate and up of {} and {} rows, a plan of {} tokens{}",
+            n_rows,
+            ws[1].n_rows,
+            plan.n_tokens(),
+            if plan.blocked() { "" } else { " (not blocked)" }
+        )));
+    }
+    let kernels = [
+        tiled_checks(isa, ws[0], plan, out)?,
+        tiled_checks(isa, ws[1], plan, out)?,
+    ];
+    let n_tokens = plan.n_tokens();
+    let o = SharedMut::new(out);
+    let chunk = blocked_chunk(n_rows, pool.n_threads());
+    pool.run_items(n_rows.div_ceil(chunk), &|_, c| {
+        let rows = c * chunk..((c + 1) * chunk).min(n_rows);
+        let len = rows.len();
+        let per = len * n_tokens;
+        let mut buf = GLU_BUF.take();
+        if buf.len() < 2 * per {
+            buf.resize(2 * per, 0.0);
+        }
+        // SAFETY: `tiled_checks` found both matrices whole, so their chunks are; each
+        // buffer holds the chunk's rows for every token, written as [token][row] (`ld`
+        // the chunk's length); a chunk's outputs are this thread's alone.
+        unsafe {
+            for (k, (w, &(tk, rb))) in ws.iter().zip(&kernels).enumerate() {
+                let part = &w.data[rows.start * rb..rows.end * rb];
+                let y = buf.as_mut_ptr().add(k * per);
+                tk(part, rb, plan, 0..len, Out { y, ld: len });
+            }
+            let (g, u) = buf.split_at(per);
+            for t in 0..n_tokens {
+                let dst = std::slice::from_raw_parts_mut(o.ptr().add(t * n_rows + rows.start), len);
+                let at = t * len..(t + 1) * len;
+                super::ops::glu_part(&g[at.clone()], &u[at], dst, act);
+            }
+        }
+        GLU_BUF.set(buf);
+    });
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+thread_local! {
+    /// [`mul_mat_tiled_glu`]'s buffers, kept for their memory.
+    static GLU_BUF: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Rows per chunk of a blocked product: whole cache lines of outputs (16 rows), so that
+/// two threads never write the same line (chunks of 12 rows put 8% of a deep prompt's
+/// time in the outputs' copy), several chunks per thread.
+fn blocked_chunk(n_rows: usize, n_threads: usize) -> usize {
+    (n_rows / (n_threads * 8)).clamp(16, 128) / 16 * 16
+}
+
 /// y = W x with the activations in `plan` (made from [`quantize_rows`] output for
 /// `w.ty`), by `isa`'s tile kernel for `w.ty`; an error where there is none
 /// ([`tile_kernel`]) or the plan does not fit the weights.
@@ -298,12 +375,10 @@ pub fn mul_mat_tiled(
     let rows = |rows| unsafe { tile_rows(tk, w, rb, plan, rows, &out) };
     // Chunks of whole tiles (of 2, 3 or 4 rows), several per thread: a thread the OS
     // pauses mid-chunk holds the op up for that chunk only, and early finishers find work.
-    // Blocked batches write each token's outputs for the chunk's rows in one run: whole
-    // cache lines (16 rows), so that two threads never write the same line (chunks of
-    // 12 rows put 8% of a deep prompt's time in that copy).
+    // Blocked batches write each token's outputs for the chunk's rows in one run.
     let nth = pool.n_threads();
     let chunk = if plan.blocked() {
-        (n_rows / (nth * 8)).clamp(16, 128) / 16 * 16
+        blocked_chunk(n_rows, nth)
     } else {
         (n_rows / (nth * 16)).clamp(12, 96) / 12 * 12
     };

@@ -181,7 +181,7 @@ pub fn glu(pool: &Pool, gate: &[f32], up: &[f32], out: &mut [f32], act: Activati
 
 /// [`glu`] on one thread, in 256-bit vectors where the CPU has them (the same bits:
 /// the arithmetic is elementwise and never fused).
-fn glu_part(gate: &[f32], up: &[f32], out: &mut [f32], act: Activation) {
+pub(crate) fn glu_part(gate: &[f32], up: &[f32], out: &mut [f32], act: Activation) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2, checked just above.

@@ -557,15 +557,22 @@ pub(super) unsafe fn rows_times_blocks<
     // The tiles write to a buffer of this call's rows, [token][row]: written into `out`
     // directly, a tile's tokens are as many lines a whole output row apart, which for
     // wide matrices share one L1 set and miss on every store (a third of the time).
+    // An `out` laid out as that buffer (the rows from 0, a token's outputs side by side)
+    // is written in place.
     let len = rows.len();
+    let compact = rows.start == 0 && out.ld == len;
     // Every value is stored before it is read back, so the buffer only ever grows.
-    let mut buf = YBUF.take();
-    if buf.len() < len * p.n_tokens {
+    let mut buf = if compact { Vec::new() } else { YBUF.take() };
+    if !compact && buf.len() < len * p.n_tokens {
         buf.resize(len * p.n_tokens, 0.0);
     }
-    let local = Out {
-        y: buf.as_mut_ptr(),
-        ld: len,
+    let local = if compact {
+        out
+    } else {
+        Out {
+            y: buf.as_mut_ptr(),
+            ld: len,
+        }
     };
     let mut r = rows.start;
     if r + R <= rows.end {
@@ -584,11 +591,13 @@ pub(super) unsafe fn rows_times_blocks<
             r += 1;
         }
     }
-    for t in 0..p.n_tokens {
-        let dst = out.y.add(t * out.ld + rows.start);
-        std::ptr::copy_nonoverlapping(buf.as_ptr().add(t * len), dst, len);
+    if !compact {
+        for t in 0..p.n_tokens {
+            let dst = out.y.add(t * out.ld + rows.start);
+            std::ptr::copy_nonoverlapping(buf.as_ptr().add(t * len), dst, len);
+        }
+        YBUF.set(buf);
     }
-    YBUF.set(buf);
 }
 
 thread_local! {
