@@ -10,6 +10,7 @@ use super::dot::{kernel, Isa};
 use super::pool::{Pool, SharedMut};
 #[cfg(target_arch = "x86_64")]
 use super::tile::{self, Flavor, Out, Plan, TileFn};
+#[cfg(target_arch = "x86_64")]
 use crate::ops::glu::Activation;
 use crate::quant::GgmlType;
 use crate::{Error, Result};
@@ -349,6 +350,7 @@ thread_local! {
 /// Rows per chunk of a blocked product: whole cache lines of outputs (16 rows), so that
 /// two threads never write the same line (chunks of 12 rows put 8% of a deep prompt's
 /// time in the outputs' copy), several chunks per thread.
+#[cfg(target_arch = "x86_64")]
 fn blocked_chunk(n_rows: usize, n_threads: usize) -> usize {
     (n_rows / (n_threads * 8)).clamp(16, 128) / 16 * 16
 }
