@@ -38,6 +38,22 @@ fn isas() -> Vec<Isa> {
     .collect()
 }
 
+/// The widest instruction set here with tile kernels (x86-64), if any.
+#[cfg(target_arch = "x86_64")]
+fn tile_isa() -> Option<Isa> {
+    isas().into_iter().rfind(|&i| i != Isa::Scalar)
+}
+
+/// `n_rows` rows of `n_cols` values of `ty` at `data`.
+fn weight_view(ty: GgmlType, data: &[u8], n_cols: usize, n_rows: usize) -> WeightView<'_> {
+    WeightView {
+        ty,
+        data,
+        n_cols,
+        n_rows,
+    }
+}
+
 /// With `WGLLM_EXPECT_ISA` set (tools/test-aarch64 sets it per emulated CPU), the
 /// detected instruction set must be the one named: a CPU model without an expected
 /// feature would otherwise leave that feature's kernels silently untested.
@@ -148,12 +164,7 @@ fn matmul_matches_reference_at_awkward_shapes() {
         let n_cols = if ty.block_size() == 256 { 512 } else { 96 };
         for n_rows in [1, 37, 131] {
             let wq = quantized(ty, &rng.vec(n_rows * n_cols, 1.0));
-            let w = WeightView {
-                ty,
-                data: &wq,
-                n_cols,
-                n_rows,
-            };
+            let w = weight_view(ty, &wq, n_cols, n_rows);
             for n_tokens in [1, 2, 7] {
                 let x = rng.vec(n_cols * n_tokens, 1.0);
                 let mut want = vec![0.0; n_rows * n_tokens];
@@ -222,12 +233,7 @@ fn tiled_matmul_matches_row_dots() {
                 let mut wv = rng.vec(n_rows * n_cols, 1.0);
                 wv.iter_mut().step_by(7).for_each(|v| *v += 0.8);
                 let wq = quantized(ty, &wv);
-                let w = WeightView {
-                    ty,
-                    data: &wq,
-                    n_cols,
-                    n_rows,
-                };
+                let w = weight_view(ty, &wq, n_cols, n_rows);
                 // Activations with a mean, as a model's are: the offset terms count.
                 let mut x = rng.vec(n_cols * n_tokens, 1.5);
                 x.iter_mut().step_by(3).for_each(|v| *v += 1.0);
@@ -260,7 +266,7 @@ fn tiled_matmul_matches_row_dots() {
 fn plans_built_on_threads_equal_serial_ones() {
     use wgllm::cpu::matmul::mul_mat_tiled;
     use wgllm::cpu::tile::Plan;
-    let Some(isa) = isas().into_iter().rfind(|&i| i != Isa::Scalar) else {
+    let Some(isa) = tile_isa() else {
         return;
     };
     let mut rng = Rng::new(31);
@@ -272,12 +278,7 @@ fn plans_built_on_threads_equal_serial_ones() {
     ] {
         let n_rows = 20;
         let wq = quantized(ty, &rng.vec(n_rows * n_cols, 1.0));
-        let w = WeightView {
-            ty,
-            data: &wq,
-            n_cols,
-            n_rows,
-        };
+        let w = weight_view(ty, &wq, n_cols, n_rows);
         let at = ActType::for_weight(ty).unwrap();
         let mut a = Vec::new();
         quantize_rows(at, &rng.vec(n_cols * n_tokens, 2.0), n_cols, &mut a).unwrap();
@@ -301,7 +302,7 @@ fn plans_built_on_threads_equal_serial_ones() {
 fn products_of_one_token_as_one_op_equal_each_alone() {
     use wgllm::cpu::matmul::{mul_mat_tiled, mul_mat_tiled_each};
     use wgllm::cpu::tile::Plan;
-    let Some(isa) = isas().into_iter().rfind(|&i| i != Isa::Scalar) else {
+    let Some(isa) = tile_isa() else {
         return;
     };
     let mut rng = Rng::new(37);
@@ -331,12 +332,7 @@ fn products_of_one_token_as_one_op_equal_each_alone() {
                 .iter()
                 .zip(rows)
                 .zip(&wqs)
-                .map(|((&ty, &n_rows), wq)| WeightView {
-                    ty,
-                    data: wq,
-                    n_cols,
-                    n_rows,
-                })
+                .map(|((&ty, &n_rows), wq)| weight_view(ty, wq, n_cols, n_rows))
                 .collect();
             let at = ActType::for_weight(types[0]).unwrap();
             let mut a = Vec::new();
@@ -391,8 +387,8 @@ fn gate_and_up_with_their_activation_as_one_op_equal_the_ops_apart() {
                     .map(|_| quantized(ty, &rng.vec(n_rows * n_cols, 1.0)))
                     .collect();
                 let (g, u) = (
-                    glu_view(ty, &wq[0], n_cols, n_rows),
-                    glu_view(ty, &wq[1], n_cols, n_rows),
+                    weight_view(ty, &wq[0], n_cols, n_rows),
+                    weight_view(ty, &wq[1], n_cols, n_rows),
                 );
                 let at = ActType::for_weight(ty).unwrap();
                 let mut a = Vec::new();
@@ -415,12 +411,12 @@ fn gate_and_up_with_their_activation_as_one_op_equal_the_ops_apart() {
                     "{ty} {n_rows}x{n_cols} t={n_tokens} {isa:?} {threads}"
                 );
                 // Up one row short of gate.
-                let short = glu_view(ty, &wq[1], n_cols, n_rows - 1);
+                let short = weight_view(ty, &wq[1], n_cols, n_rows - 1);
                 assert!(mul_mat_tiled_glu(&pool, isa, [&g, &short], &plan, &mut got, act).is_err());
             }
             // A batch too small for blocked plans.
             let wq = quantized(GgmlType::Q4_0, &rng.vec(64 * 32, 1.0));
-            let w = glu_view(GgmlType::Q4_0, &wq, 64, 32);
+            let w = weight_view(GgmlType::Q4_0, &wq, 64, 32);
             let mut a = Vec::new();
             quantize_rows(ActType::Q8_0, &rng.vec(64 * 4, 1.0), 64, &mut a).unwrap();
             let mut plan = Plan::default();
@@ -432,33 +428,18 @@ fn gate_and_up_with_their_activation_as_one_op_equal_the_ops_apart() {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn glu_view(ty: GgmlType, data: &[u8], n_cols: usize, n_rows: usize) -> WeightView<'_> {
-    WeightView {
-        ty,
-        data,
-        n_cols,
-        n_rows,
-    }
-}
-
 /// A plan made for other weights is an error, not a read past its buffers.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn tiled_matmul_rejects_a_foreign_plan() {
     use wgllm::cpu::matmul::mul_mat_tiled;
     use wgllm::cpu::tile::Plan;
-    let Some(isa) = isas().into_iter().rfind(|&i| i != Isa::Scalar) else {
+    let Some(isa) = tile_isa() else {
         return;
     };
     let pool = Pool::new(1);
     let wq = quantized(GgmlType::Q6_K, &[0.1; 512]);
-    let w = WeightView {
-        ty: GgmlType::Q6_K,
-        data: &wq,
-        n_cols: 256,
-        n_rows: 2,
-    };
+    let w = weight_view(GgmlType::Q6_K, &wq, 256, 2);
     let mut a = Vec::new();
     quantize_rows(ActType::Q8_0, &[0.5; 256], 256, &mut a).unwrap();
     let mut plan = Plan::default();
@@ -476,12 +457,7 @@ fn tiled_matmul_rejects_a_foreign_plan() {
 fn matmul_rejects_short_buffers() {
     let pool = Pool::new(1);
     let wq = quantized(GgmlType::Q8_0, &[0.1; 64]);
-    let w = WeightView {
-        ty: GgmlType::Q8_0,
-        data: &wq,
-        n_cols: 32,
-        n_rows: 3,
-    };
+    let w = weight_view(GgmlType::Q8_0, &wq, 32, 3);
     let mut y = vec![0.0; 3];
     let mut q = Vec::new();
     assert!(mul_mat(&pool, Isa::Scalar, &w, &[0.0; 32], 1, &mut y, &mut q).is_err());
