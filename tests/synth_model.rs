@@ -2,6 +2,8 @@
 //! one in each weight scheme is accepted by the reader, the configuration and the
 //! tokenizer, and a CPU forward pass gives finite logits.
 
+mod common;
+
 use std::sync::Arc;
 
 use wgllm::cpu::backend::CpuModel;
@@ -262,6 +264,93 @@ fn the_model_bench_runs_deep_into_a_context() {
     for r in rows {
         assert_eq!(r["n_depth"], 300, "{stdout}");
         assert!(r["avg_ts"].as_f64().is_some_and(|t| t > 0.0), "{stdout}");
+    }
+    std::fs::remove_file(&path).ok();
+}
+
+/// `wgllm-bench model --versus SETTING` times a second engine with one GPU setting
+/// changed, its steps interleaved with the first's: both engines' tests are reported
+/// (the second's marked with the setting), side by side with their ratio in the table;
+/// a setting it does not know, or one with no GPU layers to change, is refused before
+/// anything loads.
+#[test]
+fn the_model_bench_times_two_engines_side_by_side() {
+    let spec = SynthSpec::new(LlamaShape::TINY, SynthQuant::Q4_0);
+    let path = write(&spec, "bench-versus");
+    let bench = |args: &[&str]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm-bench"));
+        cmd.arg("model").arg("-m").arg(&path).args(args);
+        common::with_runtime_dir(&mut cmd);
+        cmd.output().unwrap()
+    };
+    let args = [
+        "-p",
+        "5",
+        "-n",
+        "3",
+        "-r",
+        "2",
+        "--versus",
+        "weights=buffer",
+    ];
+    let out = bench(&[&args[..], &["--json"]].concat());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "a GPU adapter (lavapipe) is needed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let rows = rows.as_array().unwrap();
+    let seen: Vec<(&str, Option<&str>)> = rows
+        .iter()
+        .map(|r| (r["test"].as_str().unwrap_or(""), r["versus"].as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("pp5", None),
+            ("tg3", None),
+            ("pp5", Some("weights=buffer")),
+            ("tg3", Some("weights=buffer"))
+        ],
+        "{stdout}"
+    );
+    for r in rows {
+        assert_eq!(
+            r["samples_ts"].as_array().map(|s| s.len()),
+            Some(2),
+            "{stdout}"
+        );
+        assert!(r["avg_ts"].as_f64().is_some_and(|t| t > 0.0), "{stdout}");
+    }
+    let out = bench(&args);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        table.contains("| t/s with weights=buffer | ratio |"),
+        "{table}"
+    );
+    assert_eq!(
+        table.lines().filter(|l| l.ends_with("x |")).count(),
+        2,
+        "{table}"
+    );
+
+    for (args, needle) in [
+        (&["--versus", "weights=disk"][..], "weights=disk"),
+        (&["--versus", "mul-mat=fast"][..], "mul-mat=fast"),
+        (&["--versus", "fp8"][..], "--versus fp8"),
+        (&["--versus", "no-f16", "--ngl", "0"][..], "--ngl 0"),
+    ] {
+        let out = bench(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
     std::fs::remove_file(&path).ok();
 }

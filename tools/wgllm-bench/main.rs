@@ -1,7 +1,7 @@
 //! wgllm-bench: kernel and model benchmarks, read-bandwidth probes and synthetic models.
 //!
 //!   wgllm-bench kernels [--op mul_mat] [--type q4_0] [--shape 4096x4096] [--variant v] [--json]
-//!   wgllm-bench model -m MODEL [-p 512] [-n 128] [-r 5] [-ngl N] [-b N] [--json]
+//!   wgllm-bench model -m MODEL [-p 512] [-n 128] [-r 5] [-ngl N] [-b N] [--versus SETTING] [--json]
 //!   wgllm-bench peak [--all]
 //!   wgllm-bench synth --arch llama --size 1b --type q4_0 [--pure] [--layers N] -o FILE
 //!   wgllm-bench upload [--mib 64]
