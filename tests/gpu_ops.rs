@@ -369,8 +369,17 @@ fn check_rope_store(
         let d = if fused {
             let dims = (kv_dim, n_ctx);
             let norms = normed.then_some(norms);
-            let d =
-                kv_store::gpu_with_rope(ctx, &sb, &r, &qb, [&kb, &vb], [&kcb, &vcb], dims, norms);
+            let d = kv_store::gpu_with_rope(
+                ctx,
+                &sb,
+                &r,
+                &qb,
+                [&kb, &vb],
+                [&kcb, &vcb],
+                dims,
+                norms,
+                None,
+            );
             vec![d.unwrap()]
         } else {
             vec![
@@ -687,12 +696,24 @@ fn attention_gqa_window_batches() {
     }
 }
 
+/// How `check_steps` appends each step's keys and values to the caches.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Append {
+    /// `kv_store`: the attention's copies bring them into the textures.
+    KvStore,
+    /// `rope_store` (with the heads' norms first where `normed`), which writes a single
+    /// token's key and value into kept textures itself: those steps copy nothing.
+    RopeStore { normed: bool },
+}
+
 /// Steps of batches and single tokens from an empty cache, two layers each, with the
 /// caches' textures kept per layer (each step copies only what it stores) and shared
-/// (each step copies all it reads): every step matches the reference over all the
-/// positions stored so far. A step that skips its copy on any path (batches, the
-/// decode kernel, the split single-token kernels where the device has no decode
-/// kernel) leaves a later step reading stale texels.
+/// (each step copies all it reads), the keys and values appended by `kv_store` and by
+/// `rope_store`: every step matches the reference over all the positions stored so
+/// far. A step that skips its copy on any path (batches, the decode kernel, the split
+/// single-token kernels where the device has no decode kernel), or a single token
+/// that `rope_store` leaves out of a kept texture, leaves a later step reading stale
+/// texels.
 #[test]
 fn attention_kept_textures_across_steps() {
     for ctx in texture_contexts() {
@@ -711,12 +732,19 @@ fn attention_kept_textures_across_steps() {
             };
             // Layers 3 and 4 of a model whose first layers run elsewhere.
             let kept = CacheTextures::Kept { first: 3, n: 2 };
+            let appends = [
+                Append::KvStore,
+                Append::RopeStore { normed: false },
+                Append::RopeStore { normed: true },
+            ];
             for caches in [kept, CacheTextures::Shared] {
-                let tex = AttnTextures::new(ctx, &attn, 9, chunks, caches).unwrap();
-                let Some(tex) = tex else {
-                    panic!("{}: no attention textures", label(ctx));
-                };
-                check_steps(ctx, &attn, chunks, &tex, caches);
+                for append in appends {
+                    let tex = AttnTextures::new(ctx, &attn, 9, chunks, caches).unwrap();
+                    let Some(tex) = tex else {
+                        panic!("{}: no attention textures", label(ctx));
+                    };
+                    check_steps(ctx, &attn, chunks, &tex, (caches, append));
+                }
             }
         }
     }
@@ -728,8 +756,33 @@ fn check_steps(
     attn: &Attention,
     chunks: Chunks,
     tex: &AttnTextures,
-    caches: CacheTextures,
+    (caches, append): (CacheTextures, Append),
 ) {
+    // RoPE over whole heads of Q and of K (each with its own head count).
+    let rope = |n_heads| Rope {
+        head_dim: attn.head_dim,
+        n_heads,
+        n_rot: attn.head_dim,
+        mode: RopeMode::Normal,
+        freq_base: 10000.0,
+        freq_scale: 1.0,
+    };
+    let hd = attn.head_dim as usize;
+    let norm_w = Rng::new(5).vec(hd, 2.0);
+    let (qwb, kwb) = (
+        upload::vector_init(ctx, "q_norm", &norm_w).unwrap(),
+        upload::vector_init(ctx, "k_norm", &norm_w).unwrap(),
+    );
+    let eps = 1e-6;
+    // What `rope_store` makes of a step's Q or K (of `n_heads` heads) at `pos`.
+    let stored = |x: &[f32], n_heads: u32, pos: u32, normed: bool| {
+        let mut y = x.to_vec();
+        if normed {
+            rms_norm::reference(x, &norm_w, &mut y, hd, eps);
+        }
+        rope(n_heads).reference(&mut y, pos);
+        y
+    };
     let kd = (attn.head_dim * attn.n_head_kv) as usize;
     let n_ctx = attn.n_ctx as usize;
     let empty = kv_store::pack_caches(&[], &[], kd, attn.n_ctx).0;
@@ -759,16 +812,28 @@ fn check_steps(
                 .into_iter()
                 .map(f16r)
                 .collect();
+            let q = rng.vec((attn.head_dim * attn.n_head * toks) as usize, 1.0);
+            // The keys and Q the attention sees: as given, or as `rope_store` leaves
+            // them (the cache's keys rounded to f16 after the rotation).
+            let (k_seen, q_seen) = match append {
+                Append::KvStore => (k_new.clone(), q.clone()),
+                Append::RopeStore { normed } => (
+                    stored(&k_new, attn.n_head_kv, pos, normed)
+                        .into_iter()
+                        .map(f16r)
+                        .collect(),
+                    stored(&q, attn.n_head, pos, normed),
+                ),
+            };
             for t in 0..toks as usize {
                 for i in 0..kd {
                     let j = pos as usize + t;
-                    kc[j * kd + i] = k_new[t * kd + i];
+                    kc[j * kd + i] = k_seen[t * kd + i];
                     vc[i * n_ctx + j] = v_new[t * kd + i];
                 }
             }
-            let q = rng.vec((attn.head_dim * attn.n_head * toks) as usize, 1.0);
             let mut want = vec![0f32; q.len()];
-            attn.reference(&q, kc, vc, &mut want, pos, toks);
+            attn.reference(&q_seen, kc, vc, &mut want, pos, toks);
             let qb = wgllm::gpu::upload::activations(ctx, "q", q.len() as u64 * 4).unwrap();
             ctx.queue.write_buffer(&qb, 0, bytemuck::cast_slice(&q));
             let (knb, vnb) = (
@@ -780,10 +845,37 @@ fn check_steps(
             let probs = buffer_with_guard(ctx, &vec![f32::NAN; probs_len], 16);
             let ob = buffer_with_guard(ctx, &vec![0.0; q.len()], 16);
             let kv_dim = kd as u32;
-            let mut d =
-                vec![kv_store::gpu(ctx, &sb, &knb, &vnb, kb, vb, kv_dim, attn.n_ctx).unwrap()];
             let lt = tex.layer(*il as usize);
             assert!(lt.is_some(), "no textures for layer {il}");
+            let (mut d, lt) = match append {
+                Append::KvStore => (
+                    vec![kv_store::gpu(ctx, &sb, &knb, &vnb, kb, vb, kv_dim, attn.n_ctx).unwrap()],
+                    lt,
+                ),
+                Append::RopeStore { normed } => {
+                    let views = lt.and_then(|t| t.cache_views());
+                    assert_eq!(views.is_some(), caches != CacheTextures::Shared);
+                    let norms = normed.then_some(kv_store::QkNorms {
+                        q: &qwb,
+                        k: &kwb,
+                        eps,
+                    });
+                    let dims = (kv_dim, attn.n_ctx);
+                    let (r, kv) = (rope(attn.n_head), [&knb, &vnb]);
+                    let store = kv_store::gpu_with_rope(
+                        ctx,
+                        &sb,
+                        &r,
+                        &qb,
+                        kv,
+                        [kb, vb],
+                        dims,
+                        norms,
+                        views,
+                    );
+                    (vec![store.unwrap()], lt.map(|t| t.stored_by_store()))
+                }
+            };
             d.extend(
                 attn.gpu(ctx, &sb, &qb, kb, vb, &probs, &ob, chunks, lt)
                     .unwrap(),
@@ -793,7 +885,7 @@ fn check_steps(
             let e = nmse(&got, &want);
             assert!(
                 e < 1e-10,
-                "{caches:?} textures, layer {il}, w={} pos={pos} x{toks} on {}: {e:e}",
+                "{caches:?} textures, {append:?}, layer {il}, w={} pos={pos} x{toks} on {}: {e:e}",
                 attn.window,
                 label(ctx)
             );

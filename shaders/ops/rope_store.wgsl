@@ -7,6 +7,17 @@
 
 override WG: u32 = 64u;
 
+// @begin tex
+// The `rope_store_tex` build (common/kv_tex.wgsl): the layer's kept cache textures.
+@group(0) @binding(7) var k_tex: texture_storage_2d<rgba32uint, write>;
+@group(0) @binding(8) var v_tex: texture_storage_2d<rgba32uint, write>;
+
+// Dims d, d + 1 of the K head at `base` rotated at `pos`, as an f16 pair.
+fn k_pair(base: u32, d: u32, pos: u32) -> u32 {
+    return pack2x16float(vec2<f32>(k_rotated(base, d, pos), k_rotated(base, d + 1u, pos)));
+}
+// @end tex
+
 // Element d (of a head starting at `base` in k_new) after the rotation at `pos`.
 fn k_rotated(base: u32, d: u32, pos: u32) -> f32 {
     if (d >= p.n_rot) {
@@ -47,5 +58,23 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let k2 = vec2<f32>(k_rotated(base, d, pos), k_rotated(base, d + 1u, pos));
         k_cache[(pos * p.kv_dim + g) / 2u] = pack2x16float(k2);
     }
+    // @begin tex
+    // A single token's key, a texel of eight dims (8g ..) per invocation: a loop of zero
+    // or one trips, which the lanes past the key's texels skip.
+    for (var e = 8u * g; step.n_tokens == 1u && e < p.kv_dim; e += p.kv_dim) {
+        let d = e % p.head_dim;
+        let base = e - d;
+        let pos = step.pos;
+        let w = vec4<u32>(k_pair(base, d, pos), k_pair(base, d + 2u, pos), k_pair(base, d + 4u, pos), k_pair(base, d + 6u, pos));
+        tex_k(pos, e, w);
+    }
+    // @end tex
     store_v(g, t, p.kv_dim, p.stride);
+    // @begin tex
+    // A loop of zero or one trips, which batches skip (a branch would run under lane
+    // masks on CPU-hosted drivers).
+    for (var one = step.n_tokens == 1u; one; one = false) {
+        tex_v(g, step.pos);
+    }
+    // @end tex
 }

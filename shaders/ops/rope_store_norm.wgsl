@@ -14,6 +14,16 @@
 // Uniforms, as a folded norm's weight (common/x_norm.wgsl): heads of up to 4096.
 @group(0) @binding(7) var<uniform> qw: array<vec4<f32>, 1024>;
 @group(0) @binding(8) var<uniform> kw: array<vec4<f32>, 1024>;
+// @begin tex
+// The `rope_store_norm_tex` build (common/kv_tex.wgsl): the layer's kept cache textures.
+@group(0) @binding(9) var k_tex: texture_storage_2d<rgba32uint, write>;
+@group(0) @binding(10) var v_tex: texture_storage_2d<rgba32uint, write>;
+
+// Dims d, d + 1 of the normalised K head at `base` rotated at `pos`, as an f16 pair.
+fn k_pair(base: u32, d: u32, pos: u32, inv: f32) -> u32 {
+    return pack2x16float(vec2<f32>(k_rotated(base, d, pos, inv), k_rotated(base, d + 1u, pos, inv)));
+}
+// @end tex
 
 // Lanes per workgroup (`ops::reduce_pipeline`): up to REDUCE_MAX_WG, or one subgroup
 // with common/reduce_sg.wgsl.
@@ -96,4 +106,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var d = li; is_k && d < hd; d += WG) {
         store_v(hk * hd + d, t, p.kv_dim, p.stride);
     }
+    // @begin tex
+    // A single token's key and value into the kept textures too, eight dims a texel.
+    let one = step.n_tokens == 1u;
+    for (var d = 8u * li; is_k && one && d < hd; d += 8u * WG) {
+        let w = vec4<u32>(k_pair(kb, d, pos, inv), k_pair(kb, d + 2u, pos, inv), k_pair(kb, d + 4u, pos, inv), k_pair(kb, d + 6u, pos, inv));
+        tex_k(pos, hk * hd + d, w);
+    }
+    for (var d = li; is_k && one && d < hd; d += WG) {
+        tex_v(hk * hd + d, pos);
+    }
+    // @end tex
 }

@@ -35,6 +35,9 @@ const ATTN_QK_TEXTURE: &str = wgsl!("common/attn_qk_texture.wgsl");
 const ATTN_PV_BUFFER: &str = wgsl!("common/attn_pv_buffer.wgsl");
 const ATTN_PV_TEXTURE: &str = wgsl!("common/attn_pv_texture.wgsl");
 const SCRATCH_TEXEL: &str = wgsl!("common/scratch_texel.wgsl");
+/// A single token's key and value written into kept cache textures (`rope_store`'s and
+/// `rope_store_norm`'s region `tex`).
+const KV_TEX: &str = wgsl!("common/kv_tex.wgsl");
 /// The same reductions for workgroups of one subgroup (the `_sg` kernels).
 const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
@@ -58,17 +61,40 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("kv_store", &[STEP, KV_STORE_V], wgsl!("ops/kv_store.wgsl")),
     (
         "rope_store",
-        &[STEP, ROPE_ANGLE, KV_STORE_V, ROPE_STORE_IO],
+        &[
+            STEP,
+            ROPE_ANGLE,
+            KV_STORE_V,
+            ROPE_STORE_IO,
+            SCRATCH_TEXEL,
+            KV_TEX,
+        ],
         wgsl!("ops/rope_store.wgsl"),
     ),
     (
         "rope_store_norm",
-        &[STEP, REDUCE, ROPE_ANGLE, KV_STORE_V, ROPE_STORE_IO],
+        &[
+            STEP,
+            REDUCE,
+            ROPE_ANGLE,
+            KV_STORE_V,
+            ROPE_STORE_IO,
+            SCRATCH_TEXEL,
+            KV_TEX,
+        ],
         wgsl!("ops/rope_store_norm.wgsl"),
     ),
     (
         "rope_store_norm_sg",
-        &[STEP, REDUCE_SG, ROPE_ANGLE, KV_STORE_V, ROPE_STORE_IO],
+        &[
+            STEP,
+            REDUCE_SG,
+            ROPE_ANGLE,
+            KV_STORE_V,
+            ROPE_STORE_IO,
+            SCRATCH_TEXEL,
+            KV_TEX,
+        ],
         wgsl!("ops/rope_store_norm.wgsl"),
     ),
     (

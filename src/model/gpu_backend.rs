@@ -11,7 +11,7 @@ use crate::gguf::{GgufFile, TensorInfo};
 use crate::gpu::readback::{Readback, Wait};
 use crate::gpu::upload::{is_vector_uniform, storage};
 use crate::gpu::{GpuContext, GpuTensor};
-use crate::ops::attention::{Attention, AttnTextures, CacheTextures, Chunks};
+use crate::ops::attention::{Attention, AttnTextures, CacheTextures, Chunks, LayerTextures};
 use crate::ops::glu::Activation;
 use crate::ops::mul_mat::Columns;
 use crate::ops::rope::Rope;
@@ -138,6 +138,9 @@ impl<'a> Recorder<'a> {
     ) -> Result<()> {
         let [kc, vc] = self.cache(il)?;
         let dims = (self.kv_dim, self.n_ctx);
+        // Where the layer keeps its cache textures, single tokens' keys and values go
+        // straight into them: the attention then records no copies for them.
+        let views = self.layer_textures(il, attn).and_then(|t| t.cache_views());
         let d = ops::kv_store::gpu_with_rope(
             self.ctx,
             self.step,
@@ -147,22 +150,34 @@ impl<'a> Recorder<'a> {
             [kc, vc],
             dims,
             norms,
+            views,
         )?;
         self.plan.push(d);
-        self.attend(il, q, out, attn)
+        self.attend(il, q, out, attn, views.is_some())
+    }
+
+    /// Layer `il`'s attention textures, where its attention reads them.
+    fn layer_textures(&self, il: usize, attn: &Attention) -> Option<LayerTextures<'a>> {
+        self.attn_tex
+            .and_then(|t| t.layer(il))
+            .filter(|_| attn.reads_textures(self.ctx))
     }
 
     /// Attention over layer `il`'s caches, which already hold this step's keys and
-    /// values, and the capture of its probabilities where one is kept.
+    /// values (and, with `stored`, its kept textures a single token's), and the capture
+    /// of its probabilities where one is kept.
     fn attend(
         &mut self,
         il: usize,
         q: &wgpu::Buffer,
         out: &wgpu::Buffer,
         attn: &Attention,
+        stored: bool,
     ) -> Result<()> {
         let [kc, vc] = self.cache(il)?;
-        let (probs, tex) = (self.probs, self.attn_tex.and_then(|t| t.layer(il)));
+        let tex = self.attn_tex.and_then(|t| t.layer(il));
+        let tex = tex.map(|t| if stored { t.stored_by_store() } else { t });
+        let probs = self.probs;
         let d = attn.gpu(self.ctx, self.step, q, kc, vc, probs, out, self.chunks, tex)?;
         self.plan.extend(d);
         if let Some(cap) = self.capture {
@@ -336,7 +351,7 @@ impl Ops for Recorder<'_> {
         let [kc, vc] = self.cache(il)?;
         let store = ops::kv_store::gpu(self.ctx, self.step, k, v, kc, vc, self.kv_dim, self.n_ctx)?;
         self.plan.push(store);
-        self.attend(il, q, out, attn)
+        self.attend(il, q, out, attn, false)
     }
 
     fn glu(

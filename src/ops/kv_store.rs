@@ -5,7 +5,7 @@
 //! keeps by default, read back to f32 inside the attention kernels.
 
 use super::rope::Rope;
-use super::{dispatch, groups, op_pipeline, Dispatch, WG};
+use super::{dispatch, dispatch_bound, groups, op_pipeline, op_pipeline_with_region, Dispatch, WG};
 use crate::gpu::upload::{is_vector_uniform, VECTOR_UNIFORM_BYTES};
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
@@ -126,6 +126,7 @@ pub fn gpu_with_rope(
     [k_cache, v_cache]: [&wgpu::Buffer; 2],
     (kv_dim, n_ctx): (u32, u32),
     norms: Option<QkNorms<'_>>,
+    tex: Option<CacheViews<'_>>,
 ) -> Result<Dispatch> {
     check_kv_dim(kv_dim)?;
     if kv_dim % rope.head_dim != 0 || rope.head_dim % 2 != 0 {
@@ -142,10 +143,12 @@ pub fn gpu_with_rope(
         _pad: 0,
     };
     let bufs = [q, k_new, v_new, k_cache, v_cache];
+    let region = ("tex", tex.is_some());
     let Some(norms) = norms else {
         let n = (rope.n_rot / 2 * rope.n_heads).max(kv_dim);
-        let pipe = op_pipeline(ctx, "rope_store")?;
-        return dispatch(ctx, "rope_store", pipe, step, &p, &bufs, move |s| {
+        let pipe = op_pipeline_with_region(ctx, "rope_store", region)?;
+        let resources = bindings(&bufs, tex);
+        return dispatch_bound(ctx, "rope_store", pipe, step, &p, resources, move |s| {
             [groups(n, WG), s.n_tokens, 1]
         });
     };
@@ -165,11 +168,41 @@ pub fn gpu_with_rope(
     }
     // One workgroup per head of Q and of K.
     let heads = rope.n_heads + kv_dim / rope.head_dim;
-    let pipe = super::reduce_pipeline(ctx, "rope_store_norm", &[], rope.head_dim)?;
+    let pipe =
+        super::reduce_pipeline_with(ctx, "rope_store_norm", &[], rope.head_dim, Some(region))?;
     let bufs = [q, k_new, v_new, k_cache, v_cache, norms.q, norms.k];
-    dispatch(ctx, "rope_store_norm", pipe, step, &p, &bufs, move |s| {
-        [heads, s.n_tokens, 1]
-    })
+    let resources = bindings(&bufs, tex);
+    dispatch_bound(
+        ctx,
+        "rope_store_norm",
+        pipe,
+        step,
+        &p,
+        resources,
+        move |s| [heads, s.n_tokens, 1],
+    )
+}
+
+/// A layer's kept K and V cache textures, which [`gpu_with_rope`] writes a single
+/// token's key and value into as well as its buffers (`ops::attention::LayerTextures`):
+/// the step then copies nothing into them.
+#[derive(Clone, Copy)]
+pub struct CacheViews<'a> {
+    pub k: &'a wgpu::TextureView,
+    pub v: &'a wgpu::TextureView,
+}
+
+/// `buffers` from binding 2 on, then the textures' views where given.
+fn bindings<'a>(
+    buffers: &[&'a wgpu::Buffer],
+    tex: Option<CacheViews<'a>>,
+) -> Vec<wgpu::BindingResource<'a>> {
+    let mut r: Vec<_> = buffers.iter().map(|b| b.as_entire_binding()).collect();
+    if let Some(t) = tex {
+        r.push(wgpu::BindingResource::TextureView(t.k));
+        r.push(wgpu::BindingResource::TextureView(t.v));
+    }
+    r
 }
 
 /// The GPU layouts of caches holding positions 0..n: k and v are [kv_dim, n] f32;

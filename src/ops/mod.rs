@@ -74,6 +74,17 @@ pub struct TextureCopy {
     pub what: CopyExtent,
 }
 
+impl TextureCopy {
+    /// Whether this step copies nothing: a step whose copies are all empty records
+    /// none, and its kernel stays in the compute pass before it.
+    fn is_empty(&self, step: &StepInfo) -> bool {
+        match &self.what {
+            CopyExtent::Bytes(bytes) => bytes(step).is_empty(),
+            CopyExtent::Rows { texels, .. } => texels(step).is_empty(),
+        }
+    }
+}
+
 /// What [`TextureCopy`] copies.
 pub enum CopyExtent {
     /// Bytes `bytes(step)` (whole texels) into the same place of the texture's
@@ -151,13 +162,13 @@ impl Dispatch {
 
     /// Whether this step records copies before the kernel: it has some, and runs.
     pub fn copies_in(&self, step: &StepInfo) -> bool {
-        !self.copies.is_empty() && !self.grid(step).contains(&0)
+        self.copies.iter().any(|c| !c.is_empty(step)) && !self.grid(step).contains(&0)
     }
 
     /// Record the copies the kernel needs this step (see [`Self::copies_in`]).
     pub fn record_copies(&self, enc: &mut wgpu::CommandEncoder, step: &StepInfo) {
         if self.copies_in(step) {
-            for c in &self.copies {
+            for c in self.copies.iter().filter(|c| !c.is_empty(step)) {
                 match &c.what {
                     CopyExtent::Bytes(bytes) => {
                         crate::gpu::upload::copy_to_texture(enc, &c.src, &c.dst, bytes(step))
@@ -365,6 +376,19 @@ pub(crate) fn reduce_pipeline(
     constants: &[(&str, f64)],
     span: u32,
 ) -> crate::Result<Arc<wgpu::ComputePipeline>> {
+    reduce_pipeline_with(ctx, name, constants, span, None)
+}
+
+/// [`reduce_pipeline`] with the source's region `region` (`// @begin NAME` .. `// @end
+/// NAME`) kept where given with true and dropped where given with false (a build
+/// labelled with the region's name apart).
+pub(crate) fn reduce_pipeline_with(
+    ctx: &GpuContext,
+    name: &str,
+    constants: &[(&str, f64)],
+    span: u32,
+    region: Option<(&str, bool)>,
+) -> crate::Result<Arc<wgpu::ComputePipeline>> {
     let cpu_hosted = ctx.info.device_type == wgpu::DeviceType::Cpu;
     let (name, wg) = match ctx.fixed_subgroup() {
         Some(sg) if sg <= WG && !ctx.workgroup_reductions && (cpu_hosted || span <= 4 * sg) => {
@@ -374,8 +398,33 @@ pub(crate) fn reduce_pipeline(
     };
     let mut consts = constants.to_vec();
     consts.push(("WG", wg as f64));
-    ctx.pipelines.get(&ctx.device, &name, &consts, || {
-        crate::gpu::shaders::op_source(&name)
+    let label = match region {
+        Some((r, true)) => format!("{name}_{r}"),
+        _ => name.clone(),
+    };
+    ctx.pipelines.get(&ctx.device, &label, &consts, || {
+        let src = crate::gpu::shaders::op_source(&name)?;
+        Ok(match region {
+            Some((r, keep)) => crate::gpu::shaders::keep_regions(&src, r, keep),
+            None => src,
+        })
+    })
+}
+
+/// [`op_pipeline`] with the source's region `region` kept (`keep`) or dropped, as
+/// [`reduce_pipeline_with`].
+pub(crate) fn op_pipeline_with_region(
+    ctx: &GpuContext,
+    name: &str,
+    (region, keep): (&str, bool),
+) -> crate::Result<Arc<wgpu::ComputePipeline>> {
+    let label = match keep {
+        true => format!("{name}_{region}"),
+        false => name.to_string(),
+    };
+    ctx.pipelines.get(&ctx.device, &label, &[], || {
+        let src = crate::gpu::shaders::op_source(name)?;
+        Ok(crate::gpu::shaders::keep_regions(&src, region, keep))
     })
 }
 

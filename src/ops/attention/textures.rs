@@ -4,10 +4,12 @@
 //! probabilities, copied from their buffers before the kernels read them, and the K and
 //! V caches, which the store kernels write into buffers and copies bring here.
 //!
-//! The caches' textures are kept per layer where they fit a budget: each step then
-//! copies only the positions it stored. Past the budget one set serves every layer (the
-//! layers run one after another), and each layer's step copies all the positions it
-//! reads into it: at 4096 positions that was a quarter of SmolLM2's decode step.
+//! The caches' textures are kept per layer where they fit a budget: a batch step then
+//! copies only the positions it stored, and a single token's key and value are written
+//! there by the store kernel itself (`kv_store::gpu_with_rope`), so that decoding
+//! records no copies. Past the budget one set serves every layer (the layers run one
+//! after another), and each layer's step copies all the positions it reads into it: at
+//! 4096 positions that was a quarter of SmolLM2's decode step.
 
 use super::{window_start, Attention, Chunks};
 use crate::gpu::GpuContext;
@@ -18,34 +20,30 @@ use crate::Result;
 /// they double the KV cache's memory, which is worth a faster long context up to here.
 const KEPT_BUDGET: u64 = 1 << 30;
 
-/// Contexts of at most this many positions share one set: a step's copies are then at
-/// most this many rows per layer (SmolLM2: 12 MB per step over all layers, 1-2 ms of a
-/// 35 ms step on lavapipe), and the short runs that size their context to the request
-/// keep the memory of a texture set per layer.
-const SHARED_MAX_CTX: u32 = 512;
-
 /// Where the caches' textures live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CacheTextures {
     /// One set for every layer, refilled by each layer's step with what it reads.
     Shared,
-    /// A set for each of `n` layers from layer `first`, kept across steps: each step
-    /// copies only the positions it stores.
+    /// A set for each of `n` layers from layer `first`, kept across steps: each batch
+    /// copies only the positions it stores, and single tokens none where the store
+    /// kernel writes them ([`LayerTextures::stored_by_store`]).
     Kept { first: u32, n: u32 },
 }
 
 impl CacheTextures {
-    /// Kept for `layers` of `attn`'s shape where the context is longer than
-    /// `SHARED_MAX_CTX` and their textures take at most `KEPT_BUDGET`; else shared.
+    /// Kept for `layers` of `attn`'s shape where their textures take at most
+    /// `KEPT_BUDGET`; else shared. Short contexts keep them too: a shared set's copies
+    /// are few bytes there, but each copy command, and the compute pass it splits, cost
+    /// a lavapipe decode step more than its bytes (docs/perf.md).
     pub fn for_layers(attn: &Attention, layers: std::ops::Range<u32>) -> CacheTextures {
         let n = layers.len() as u32;
-        let bytes = 2 * n as u64 * attn.cache_bytes();
-        match attn.n_ctx > SHARED_MAX_CTX && bytes <= KEPT_BUDGET {
-            true => CacheTextures::Kept {
-                first: layers.start,
-                n,
-            },
-            false => CacheTextures::Shared,
+        if 2 * n as u64 * attn.cache_bytes() > KEPT_BUDGET {
+            return CacheTextures::Shared;
+        }
+        CacheTextures::Kept {
+            first: layers.start,
+            n,
         }
     }
 }
@@ -162,6 +160,7 @@ impl AttnTextures {
             k: &set.k,
             v: &set.v,
             kept: self.kept,
+            stored: false,
         })
     }
 }
@@ -174,13 +173,34 @@ pub struct LayerTextures<'a> {
     pub(super) k: &'a Tex,
     pub(super) v: &'a Tex,
     kept: bool,
+    /// Whether the store kernel writes single tokens' keys and values into the kept
+    /// textures itself ([`LayerTextures::stored_by_store`]).
+    stored: bool,
 }
 
-impl LayerTextures<'_> {
+impl<'a> LayerTextures<'a> {
     /// Whether the caches' textures are this layer's own, kept across steps: then every
     /// step must copy what it stores, whichever kernels read this step.
     pub(super) fn kept(&self) -> bool {
         self.kept
+    }
+
+    /// The kept textures' views, for the store kernel to write a single token's key and
+    /// value into (`kv_store::gpu_with_rope`); None where the textures are shared.
+    pub fn cache_views(&self) -> Option<crate::ops::kv_store::CacheViews<'a>> {
+        self.kept.then_some(crate::ops::kv_store::CacheViews {
+            k: &self.k.1,
+            v: &self.v.1,
+        })
+    }
+
+    /// These textures, the store kernel having written single tokens into them
+    /// ([`LayerTextures::cache_views`]): single-token steps then copy nothing.
+    pub fn stored_by_store(self) -> Self {
+        LayerTextures {
+            stored: self.kept,
+            ..self
+        }
     }
 
     /// The copies that bring a step's keys and values into the caches' textures from
@@ -193,7 +213,12 @@ impl LayerTextures<'_> {
         k_cache: &wgpu::Buffer,
         v_cache: &wgpu::Buffer,
     ) -> Vec<TextureCopy> {
-        let (kept, window) = (self.kept, attn.window);
+        let (kept, window, stored) = (self.kept, attn.window, self.stored);
+        // Where the store kernel wrote a single token, nothing is left to copy.
+        let end = move |s: &StepInfo| match stored && s.n_tokens == 1 {
+            true => s.pos,
+            false => s.n_kv,
+        };
         let first8 = move |s: &StepInfo| match kept {
             true => s.pos / 8,
             false => window_start(window, s.pos) / 8,
@@ -202,7 +227,7 @@ impl LayerTextures<'_> {
         let k = match kept {
             // Whole texels: a key row is a multiple of 16 bytes (`reads_textures`).
             true => self.k.copy_range(k_cache, move |s| {
-                s.pos as u64 * k_row..s.n_kv as u64 * k_row
+                s.pos as u64 * k_row..end(s) as u64 * k_row
             }),
             false => self.k.copy_range(k_cache, move |s| {
                 first8(s) as u64 * 8 * k_row..s.n_kv as u64 * k_row
@@ -215,7 +240,10 @@ impl LayerTextures<'_> {
             what: CopyExtent::Rows {
                 row_bytes: crate::ops::kv_store::v_stride(attn.n_ctx) * 2,
                 rows,
-                texels: Box::new(move |s| first8(s)..s.n_kv.div_ceil(8)),
+                texels: Box::new(move |s| match stored && s.n_tokens == 1 {
+                    true => 0..0,
+                    false => first8(s)..s.n_kv.div_ceil(8),
+                }),
             },
         };
         vec![k, v]
@@ -238,15 +266,10 @@ mod tests {
     }
 
     #[test]
-    fn long_contexts_keep_a_set_per_layer_within_the_budget() {
+    fn contexts_keep_a_set_per_layer_within_the_budget() {
         let kept = CacheTextures::Kept { first: 2, n: 28 };
         assert_eq!(CacheTextures::for_layers(&smollm2(4096), 2..30), kept);
-        // Short contexts copy little per step; a set per layer would only cost memory.
-        let short = smollm2(SHARED_MAX_CTX);
-        assert_eq!(
-            CacheTextures::for_layers(&short, 0..30),
-            CacheTextures::Shared
-        );
+        assert_eq!(CacheTextures::for_layers(&smollm2(256), 2..30), kept);
         // 30 layers at 128k positions: 2 x 30 x 48 MiB, past the budget.
         let long = smollm2(1 << 17);
         assert_eq!(
