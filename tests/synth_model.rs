@@ -236,21 +236,16 @@ fn the_synth_command_writes_a_loadable_file_and_refuses_bad_options() {
     }
 }
 
-/// `wgllm-bench model -d N` fills N positions first, then runs each test past them: the
-/// context holds them all, and the tests are named as llama-bench names them.
-#[test]
-fn the_model_bench_runs_deep_into_a_context() {
-    let spec = SynthSpec::new(LlamaShape::TINY, SynthQuant::Q4_0);
-    let path = write(&spec, "bench-depth");
-    let bench = env!("CARGO_BIN_EXE_wgllm-bench");
-    let out = std::process::Command::new(bench)
-        .args([
-            "model", "--ngl", "0", "-p", "5", "-n", "3", "-d", "300", "-r", "1", "--json",
-        ])
-        .arg("-m")
-        .arg(&path)
-        .output()
-        .unwrap();
+/// `wgllm-bench model -m PATH ARGS`.
+fn model_bench(path: &std::path::Path, args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm-bench"));
+    cmd.arg("model").arg("-m").arg(path).args(args);
+    common::with_runtime_dir(&mut cmd);
+    cmd.output().unwrap()
+}
+
+/// The rows of a `--json` model bench run that must have succeeded.
+fn bench_rows(out: &std::process::Output) -> Vec<serde_json::Value> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -258,12 +253,22 @@ fn the_model_bench_runs_deep_into_a_context() {
         String::from_utf8_lossy(&out.stderr)
     );
     let rows: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    let rows = rows.as_array().unwrap();
+    rows.as_array().cloned().unwrap_or_default()
+}
+
+/// `wgllm-bench model -d N` fills N positions first, then runs each test past them: the
+/// context holds them all, and the tests are named as llama-bench names them.
+#[test]
+fn the_model_bench_runs_deep_into_a_context() {
+    let spec = SynthSpec::new(LlamaShape::TINY, SynthQuant::Q4_0);
+    let path = write(&spec, "bench-depth");
+    let args = ["--ngl", "0", "-p", "5", "-n", "3", "-d", "300", "-r", "1"];
+    let rows = bench_rows(&model_bench(&path, &[&args[..], &["--json"]].concat()));
     let names: Vec<&str> = rows.iter().filter_map(|r| r["test"].as_str()).collect();
-    assert_eq!(names, ["pp5 @ d300", "tg3 @ d300"], "{stdout}");
-    for r in rows {
-        assert_eq!(r["n_depth"], 300, "{stdout}");
-        assert!(r["avg_ts"].as_f64().is_some_and(|t| t > 0.0), "{stdout}");
+    assert_eq!(names, ["pp5 @ d300", "tg3 @ d300"], "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["n_depth"], 300, "{rows:?}");
+        assert!(r["avg_ts"].as_f64().is_some_and(|t| t > 0.0), "{rows:?}");
     }
     std::fs::remove_file(&path).ok();
 }
@@ -272,17 +277,11 @@ fn the_model_bench_runs_deep_into_a_context() {
 /// changed, its steps interleaved with the first's: both engines' tests are reported
 /// (the second's marked with the setting), side by side with their ratio in the table;
 /// a setting it does not know, or one with no GPU layers to change, is refused before
-/// anything loads.
+/// anything loads. It needs a GPU adapter (lavapipe here).
 #[test]
 fn the_model_bench_times_two_engines_side_by_side() {
     let spec = SynthSpec::new(LlamaShape::TINY, SynthQuant::Q4_0);
     let path = write(&spec, "bench-versus");
-    let bench = |args: &[&str]| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm-bench"));
-        cmd.arg("model").arg("-m").arg(&path).args(args);
-        common::with_runtime_dir(&mut cmd);
-        cmd.output().unwrap()
-    };
     let args = [
         "-p",
         "5",
@@ -293,15 +292,7 @@ fn the_model_bench_times_two_engines_side_by_side() {
         "--versus",
         "weights=buffer",
     ];
-    let out = bench(&[&args[..], &["--json"]].concat());
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "a GPU adapter (lavapipe) is needed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    let rows = rows.as_array().unwrap();
+    let rows = bench_rows(&model_bench(&path, &[&args[..], &["--json"]].concat()));
     let seen: Vec<(&str, Option<&str>)> = rows
         .iter()
         .map(|r| (r["test"].as_str().unwrap_or(""), r["versus"].as_str()))
@@ -314,17 +305,14 @@ fn the_model_bench_times_two_engines_side_by_side() {
             ("pp5", Some("weights=buffer")),
             ("tg3", Some("weights=buffer"))
         ],
-        "{stdout}"
+        "{rows:?}"
     );
-    for r in rows {
-        assert_eq!(
-            r["samples_ts"].as_array().map(|s| s.len()),
-            Some(2),
-            "{stdout}"
-        );
-        assert!(r["avg_ts"].as_f64().is_some_and(|t| t > 0.0), "{stdout}");
+    for r in &rows {
+        let samples = r["samples_ts"].as_array().map(|s| s.len());
+        assert_eq!(samples, Some(2), "{rows:?}");
+        assert!(r["avg_ts"].as_f64().is_some_and(|t| t > 0.0), "{rows:?}");
     }
-    let out = bench(&args);
+    let out = model_bench(&path, &args);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -335,11 +323,8 @@ fn the_model_bench_times_two_engines_side_by_side() {
         table.contains("| t/s with weights=buffer | ratio |"),
         "{table}"
     );
-    assert_eq!(
-        table.lines().filter(|l| l.ends_with("x |")).count(),
-        2,
-        "{table}"
-    );
+    let ratios = table.lines().filter(|l| l.ends_with("x |")).count();
+    assert_eq!(ratios, 2, "{table}");
 
     for (args, needle) in [
         (&["--versus", "weights=disk"][..], "weights=disk"),
@@ -347,7 +332,7 @@ fn the_model_bench_times_two_engines_side_by_side() {
         (&["--versus", "fp8"][..], "--versus fp8"),
         (&["--versus", "no-f16", "--ngl", "0"][..], "--ngl 0"),
     ] {
-        let out = bench(args);
+        let out = model_bench(&path, args);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
