@@ -398,17 +398,10 @@ pub(crate) fn reduce_pipeline_with(
     };
     let mut consts = constants.to_vec();
     consts.push(("WG", wg as f64));
-    let label = match region {
-        Some((r, true)) => format!("{name}_{r}"),
-        _ => name.clone(),
-    };
-    ctx.pipelines.get(&ctx.device, &label, &consts, || {
-        let src = crate::gpu::shaders::op_source(&name)?;
-        Ok(match region {
-            Some((r, keep)) => crate::gpu::shaders::keep_regions(&src, r, keep),
-            None => src,
+    ctx.pipelines
+        .get(&ctx.device, &region_label(&name, region), &consts, || {
+            region_source(&name, region)
         })
-    })
 }
 
 /// [`op_pipeline`] with the source's region `region` kept (`keep`) or dropped, as
@@ -416,15 +409,31 @@ pub(crate) fn reduce_pipeline_with(
 pub(crate) fn op_pipeline_with_region(
     ctx: &GpuContext,
     name: &str,
-    (region, keep): (&str, bool),
+    region: (&str, bool),
 ) -> crate::Result<Arc<wgpu::ComputePipeline>> {
-    let label = match keep {
-        true => format!("{name}_{region}"),
-        false => name.to_string(),
-    };
-    ctx.pipelines.get(&ctx.device, &label, &[], || {
-        let src = crate::gpu::shaders::op_source(name)?;
-        Ok(crate::gpu::shaders::keep_regions(&src, region, keep))
+    let region = Some(region);
+    ctx.pipelines
+        .get(&ctx.device, &region_label(name, region), &[], || {
+            region_source(name, region)
+        })
+}
+
+/// The pipeline label of op `name` with `region` (see [`region_source`]): a build that
+/// keeps the region is cached apart, under the region's name.
+fn region_label(name: &str, region: Option<(&str, bool)>) -> String {
+    match region {
+        Some((r, true)) => format!("{name}_{r}"),
+        _ => name.to_string(),
+    }
+}
+
+/// Op `name`'s source with its region `(r, keep)` (`// @begin r` .. `// @end r`) kept
+/// or dropped; as it is where no region is given.
+fn region_source(name: &str, region: Option<(&str, bool)>) -> crate::Result<String> {
+    let src = crate::gpu::shaders::op_source(name)?;
+    Ok(match region {
+        Some((r, keep)) => crate::gpu::shaders::keep_regions(&src, r, keep),
+        None => src,
     })
 }
 

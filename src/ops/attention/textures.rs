@@ -215,10 +215,8 @@ impl<'a> LayerTextures<'a> {
     ) -> Vec<TextureCopy> {
         let (kept, window, stored) = (self.kept, attn.window, self.stored);
         // Where the store kernel wrote a single token, nothing is left to copy.
-        let end = move |s: &StepInfo| match stored && s.n_tokens == 1 {
-            true => s.pos,
-            false => s.n_kv,
-        };
+        let none = move |s: &StepInfo| stored && s.n_tokens == 1;
+        let end = move |s: &StepInfo| if none(s) { s.pos } else { s.n_kv };
         let first8 = move |s: &StepInfo| match kept {
             true => s.pos / 8,
             false => window_start(window, s.pos) / 8,
@@ -240,7 +238,7 @@ impl<'a> LayerTextures<'a> {
             what: CopyExtent::Rows {
                 row_bytes: crate::ops::kv_store::v_stride(attn.n_ctx) * 2,
                 rows,
-                texels: Box::new(move |s| match stored && s.n_tokens == 1 {
+                texels: Box::new(move |s| match none(s) {
                     true => 0..0,
                     false => first8(s)..s.n_kv.div_ceil(8),
                 }),
