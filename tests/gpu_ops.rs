@@ -369,17 +369,14 @@ fn check_rope_store(
         let d = if fused {
             let dims = (kv_dim, n_ctx);
             let norms = normed.then_some(norms);
-            let d = kv_store::gpu_with_rope(
-                ctx,
-                &sb,
-                &r,
-                &qb,
-                [&kb, &vb],
-                [&kcb, &vcb],
+            let append = kv_store::CacheAppend {
+                rope: &r,
+                caches: [&kcb, &vcb],
                 dims,
                 norms,
-                None,
-            );
+                tex: None,
+            };
+            let d = kv_store::gpu_with_rope(ctx, &sb, &qb, [&kb, &vb], &append, false);
             vec![d.unwrap()]
         } else {
             vec![
@@ -860,19 +857,16 @@ fn check_steps(
                         k: &kwb,
                         eps,
                     });
-                    let dims = (kv_dim, attn.n_ctx);
-                    let (r, kv) = (rope(attn.n_head), [&knb, &vnb]);
-                    let store = kv_store::gpu_with_rope(
-                        ctx,
-                        &sb,
-                        &r,
-                        &qb,
-                        kv,
-                        [kb, vb],
-                        dims,
+                    let r = rope(attn.n_head);
+                    let append = kv_store::CacheAppend {
+                        rope: &r,
+                        caches: [kb, vb],
+                        dims: (kv_dim, attn.n_ctx),
                         norms,
-                        views,
-                    );
+                        tex: views,
+                    };
+                    let store =
+                        kv_store::gpu_with_rope(ctx, &sb, &qb, [&knb, &vnb], &append, false);
                     (vec![store.unwrap()], lt.map(|t| t.stored_by_store()))
                 }
             };

@@ -31,6 +31,10 @@
 // the single-token loop walks a block of gate's rows then the same rows of up, and
 // stores act(gate) * up (`glu_row`, `store_row`): no `glu` dispatch after it.
 //
+// With the `rope` region (the `mul_mat_ks1nr` build of a layer's Q/K/V product, kept
+// only there) a single token's workgroups go on to rotate the heads they stored and
+// append K and V to the cache: common/ks1_rope.wgsl.
+//
 // Params: common/mul_mat_params.wgsl; bindings as `mul_mat_ks`, and the norm's weight
 // at 8 with NORM. The workgroup's shape and lanes: common/ks1_lanes.wgsl.
 
@@ -234,5 +238,14 @@ fn main(
             gate = mine;
         }
     }
+    // @begin rope
+    // The `mul_mat_ks1nr` build (common/ks1_rope.wgsl): a single token's RoPE and cache
+    // append, in a loop of zero or one trips (a CPU-hosted driver skips a loop no lane
+    // enters; a branch it would run under lane masks). Batches' tails are stored plain.
+    for (var one = step.n_tokens == 1u; one; one = false) {
+        let n_g = (p.n_rows + wg_rows() - 1u) / wg_rows();
+        ks1_rope(out0, nr, l, r0 / wg_rows(), n_g);
+    }
+    // @end rope
     keep_lanes();
 }

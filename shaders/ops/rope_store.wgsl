@@ -66,7 +66,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let base = e - d;
         let pos = step.pos;
         let w = vec4<u32>(k_pair(base, d, pos), k_pair(base, d + 2u, pos), k_pair(base, d + 4u, pos), k_pair(base, d + 6u, pos));
-        tex_k(pos, e, w);
+        tex_k(pos, e, w, p.kv_dim);
     }
     // @end tex
     store_v(g, t, p.kv_dim, p.stride);
@@ -74,7 +74,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     // A loop of zero or one trips, which batches skip (a branch would run under lane
     // masks on CPU-hosted drivers).
     for (var one = step.n_tokens == 1u; one; one = false) {
-        tex_v(g, step.pos);
+        tex_v(g, step.pos, p.stride);
     }
     // @end tex
 }

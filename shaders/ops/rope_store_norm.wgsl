@@ -111,10 +111,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let one = step.n_tokens == 1u;
     for (var d = 8u * li; is_k && one && d < hd; d += 8u * WG) {
         let w = vec4<u32>(k_pair(kb, d, pos, inv), k_pair(kb, d + 2u, pos, inv), k_pair(kb, d + 4u, pos, inv), k_pair(kb, d + 6u, pos, inv));
-        tex_k(pos, hk * hd + d, w);
+        tex_k(pos, hk * hd + d, w, p.kv_dim);
     }
     for (var d = li; is_k && one && d < hd; d += WG) {
-        tex_v(hk * hd + d, pos);
+        tex_v(hk * hd + d, pos, p.stride);
     }
     // @end tex
 }

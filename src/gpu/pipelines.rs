@@ -14,6 +14,8 @@ pub enum Binding {
     /// A 2D rgba32uint texture bound as a read-only storage texture, read with
     /// `textureLoad` (weights held in textures: `gpu::upload::WeightMemory`).
     Texture,
+    /// The same written with `textureStore` (a layer's kept KV cache textures).
+    TextureWrite,
 }
 
 impl Binding {
@@ -28,8 +30,11 @@ impl Binding {
             Binding::Uniform => buffer(wgpu::BufferBindingType::Uniform),
             Binding::Read => buffer(wgpu::BufferBindingType::Storage { read_only: true }),
             Binding::ReadWrite => buffer(wgpu::BufferBindingType::Storage { read_only: false }),
-            Binding::Texture => wgpu::BindingType::StorageTexture {
-                access: wgpu::StorageTextureAccess::ReadOnly,
+            Binding::Texture | Binding::TextureWrite => wgpu::BindingType::StorageTexture {
+                access: match self {
+                    Binding::TextureWrite => wgpu::StorageTextureAccess::WriteOnly,
+                    _ => wgpu::StorageTextureAccess::ReadOnly,
+                },
                 format: wgpu::TextureFormat::Rgba32Uint,
                 view_dimension: wgpu::TextureViewDimension::D2,
             },

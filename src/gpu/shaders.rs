@@ -178,6 +178,8 @@ const MUL_MAT_KS: &str = wgsl!("ops/mul_mat_ks.wgsl");
 const MUL_MAT_KS1: &str = wgsl!("ops/mul_mat_ks1.wgsl");
 const MUL_MAT_KS1I: &str = wgsl!("ops/mul_mat_ks1i.wgsl");
 const KS1_LANES: &str = wgsl!("common/ks1_lanes.wgsl");
+/// The RoPE and cache append at the end of `mul_mat_ks1nr` (its region `rope`).
+const KS1_ROPE: &str = wgsl!("common/ks1_rope.wgsl");
 const X_CHUNK: &str = wgsl!("common/x_chunk.wgsl");
 const X_NORM: &str = wgsl!("common/x_norm.wgsl");
 const X_PLAIN: &str = wgsl!("common/x_plain.wgsl");
@@ -292,6 +294,42 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             ACT,
             MUL_MAT_KS1,
             MUL_MAT_XS,
+        ],
+    ),
+    (
+        "mul_mat_ks1nr",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            X_CHUNK,
+            X_NORM,
+            KS1_LANES,
+            ACT,
+            ROPE_ANGLE,
+            SCRATCH_TEXEL,
+            KV_TEX,
+            KS1_ROPE,
+            MUL_MAT_KS1,
+            MUL_MAT_XS,
+        ],
+    ),
+    (
+        "mul_mat_ks1unr",
+        &[
+            W_STORAGE,
+            MUL_MAT_PARAMS,
+            MUL_MAT_STORE,
+            X_CHUNK,
+            X_NORM,
+            KS1_LANES,
+            ACT,
+            ROPE_ANGLE,
+            SCRATCH_TEXEL,
+            KV_TEX,
+            KS1_ROPE,
+            MUL_MAT_KS1,
+            MUL_MAT_XU,
         ],
     ),
     (
@@ -516,6 +554,13 @@ pub fn keep_regions(src: &str, name: &str, keep: bool) -> String {
     out
 }
 
+/// Whether `name` is a build of `mul_mat_ks1` whose single tokens end with RoPE and the
+/// cache append (its region `rope`, common/ks1_rope.wgsl): with the activations in
+/// storage or in a uniform (`ops::mul_mat::Variant::KsU`).
+pub fn is_rope_build(name: &str) -> bool {
+    matches!(name, "mul_mat_ks1nr" | "mul_mat_ks1unr")
+}
+
 /// WGSL requires `enable ...;` directives before any declaration; a kernel body that
 /// needs one (subgroups) states it at its top, and it is moved to the front here.
 fn hoist_directives(src: &str) -> String {
@@ -581,6 +626,13 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
             ];
             for (label, src) in forms {
                 let Ok(src) = src else { continue };
+                // Only `mul_mat_ks1nr` keeps the RoPE at its end, with and without the
+                // kept textures.
+                let src = keep_regions(&src, "rope", is_rope_build(name));
+                if is_rope_build(name) {
+                    out.push((format!("{label}_kvtex"), src.clone()));
+                }
+                let src = keep_regions(&src, "tex", false);
                 // `mul_mat_ks1` as it is built for each count of slots.
                 if name.starts_with("mul_mat_ks1") {
                     for slots in 1..6 {

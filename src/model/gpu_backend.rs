@@ -125,35 +125,99 @@ impl<'a> Recorder<'a> {
         Ok([kc, vc])
     }
 
-    /// `rope_store` (with the heads' norms first, given `norms`), then the attention:
-    /// Q is rotated in place, K on its way into layer `il`'s cache.
+    /// How layer `il`'s keys and values join its cache: RoPE (after the heads' norms,
+    /// given `norms`) into its caches and, where the layer keeps its cache textures,
+    /// a single token's into them too (the attention then records no copies).
+    fn cache_append<'r>(
+        &self,
+        il: usize,
+        rope: &'r Rope,
+        norms: Option<ops::kv_store::QkNorms<'r>>,
+        attn: &Attention,
+    ) -> Result<ops::kv_store::CacheAppend<'r>>
+    where
+        'a: 'r,
+    {
+        Ok(ops::kv_store::CacheAppend {
+            rope,
+            caches: self.cache(il)?,
+            dims: (self.kv_dim, self.n_ctx),
+            norms,
+            tex: self.layer_textures(il, attn).and_then(|t| t.cache_views()),
+        })
+    }
+
+    /// `rope_store` (with the heads' norms first, given in `append`; only for batches
+    /// with `batches_only`, whose single tokens the Q/K/V product appended), then the
+    /// attention: Q is rotated in place, K on its way into layer `il`'s cache.
     fn rope_store_attend(
         &mut self,
         il: usize,
         [q, k, v]: [&wgpu::Buffer; 3],
-        norms: Option<ops::kv_store::QkNorms<'_>>,
-        out: &wgpu::Buffer,
-        rope: &Rope,
-        attn: &Attention,
+        append: &ops::kv_store::CacheAppend<'_>,
+        batches_only: bool,
+        (out, attn): (&wgpu::Buffer, &Attention),
     ) -> Result<()> {
-        let [kc, vc] = self.cache(il)?;
-        let dims = (self.kv_dim, self.n_ctx);
-        // Where the layer keeps its cache textures, single tokens' keys and values go
-        // straight into them: the attention then records no copies for them.
-        let views = self.layer_textures(il, attn).and_then(|t| t.cache_views());
-        let d = ops::kv_store::gpu_with_rope(
-            self.ctx,
-            self.step,
-            rope,
-            q,
-            [k, v],
-            [kc, vc],
-            dims,
-            norms,
-            views,
-        )?;
+        let d = ops::kv_store::gpu_with_rope(self.ctx, self.step, q, [k, v], append, batches_only)?;
         self.plan.push(d);
-        self.attend(il, q, out, attn, views.is_some())
+        self.attend(il, q, out, attn, append.tex.is_some())
+    }
+
+    /// [`Ops::qkv_attention`] with a single token's RoPE and cache append inside the
+    /// Q/K/V product (`ops::mul_mat::gpu_qkv_rope`), where the product folds the norm
+    /// before it and the device runs it: Q and K in one matrix, V with them or a
+    /// product of its own, recorded first. Returns false, having recorded nothing,
+    /// where it does not apply.
+    fn qkv_rope_attention(
+        &mut self,
+        w: &Proj<GpuTensor, 3>,
+        x: &wgpu::Buffer,
+        [q, k, v]: [&wgpu::Buffer; 3],
+        norms: Option<&HeadNorms<'_, GpuTensor>>,
+        h: &graph::HeadsAttention<'_, wgpu::Buffer>,
+    ) -> Result<bool> {
+        let (wt, rows, v_apart) = match w {
+            Proj::Fused(wt, rows) => (wt, &rows[..], None),
+            Proj::Leading { fused, rows, rest } if rows.len() == 2 && rest.len() == 1 => {
+                (fused, &rows[..], rest.first())
+            }
+            _ => return Ok(false),
+        };
+        let norms = match norms {
+            Some(n) => {
+                let (wq, wk) = (single(n.q)?, single(n.k)?);
+                let eps = n.eps;
+                Some(ops::kv_store::QkNorms { q: wq, k: wk, eps })
+            }
+            None => None,
+        };
+        let append = self.cache_append(h.il, h.rope, norms, h.attn)?;
+        let ys = [q, k, v];
+        if !ops::kv_store::rope_store_available(self.ctx)
+            || !ops::mul_mat::fuses_rope(self.ctx, wt, &append)
+            || !self.folds(wt, x, &ys[..rows.len()])
+        {
+            return Ok(false);
+        }
+        if let Some(wv) = v_apart {
+            self.mul_mat(wv, x, v, Columns::All)?;
+        }
+        let p = self
+            .pending
+            .as_mut()
+            .ok_or_else(|| Error::gpu("a folded norm with no norm recorded"))?;
+        let norm = ops::mul_mat::Norm {
+            x: &p.x,
+            w: &p.w,
+            eps: p.eps,
+        };
+        let io = (ys, rows);
+        let (d, stored) = ops::mul_mat::gpu_qkv_rope(self.ctx, self.step, wt, norm, io, &append)?;
+        p.folded = true;
+        self.plan.extend(d);
+        self.settle();
+        self.rope_store_attend(h.il, ys, &append, stored, (h.out, h.attn))?;
+        Ok(true)
     }
 
     /// Layer `il`'s attention textures, where its attention reads them.
@@ -301,7 +365,8 @@ impl Ops for Recorder<'_> {
             self.rope_qk(q, k, rope, k_heads)?;
             return self.attention(il, q, k, v, out, attn);
         }
-        self.rope_store_attend(il, [q, k, v], None, out, rope, attn)
+        let append = self.cache_append(il, rope, None, attn)?;
+        self.rope_store_attend(il, [q, k, v], &append, false, (out, attn))
     }
 
     fn norm_rope_attention(
@@ -335,7 +400,22 @@ impl Ops for Recorder<'_> {
             k: wk,
             eps: norms.eps,
         };
-        self.rope_store_attend(il, qkv, Some(norms), out, rope, attn)
+        let append = self.cache_append(il, rope, Some(norms), attn)?;
+        self.rope_store_attend(il, qkv, &append, false, (out, attn))
+    }
+
+    fn qkv_attention(
+        &mut self,
+        w: &Proj<GpuTensor, 3>,
+        x: &wgpu::Buffer,
+        (qkv, normed): ([&wgpu::Buffer; 3], [&wgpu::Buffer; 2]),
+        norms: Option<&HeadNorms<'_, GpuTensor>>,
+        h: &graph::HeadsAttention<'_, wgpu::Buffer>,
+    ) -> Result<()> {
+        if self.qkv_rope_attention(w, x, qkv, norms, h)? {
+            return Ok(());
+        }
+        graph::qkv_then_attention(self, w, x, (qkv, normed), norms, h)
     }
 
     fn attention(

@@ -90,6 +90,20 @@ pub trait Ops {
         };
         norms_then_rope_attention(self, [q, k, v], [qn, kn], norms, &heads)
     }
+    /// A layer's Q/K/V products of `x` (`w`) into `qkv`, then [`Ops::norm_rope_attention`]
+    /// where the heads have `norms` (their outputs in `normed`), else
+    /// [`Ops::rope_attention`]: one call, so that a backend may rotate a single token's
+    /// heads and append them to the cache inside the product.
+    fn qkv_attention(
+        &mut self,
+        w: &Proj<Self::Weight, 3>,
+        x: &Self::Act,
+        (qkv, normed): ([&Self::Act; 3], [&Self::Act; 2]),
+        norms: Option<&HeadNorms<'_, Self::Weight>>,
+        h: &HeadsAttention<'_, Self::Act>,
+    ) -> Result<()> {
+        qkv_then_attention(self, w, x, (qkv, normed), norms, h)
+    }
     /// Append k, v to layer `il`'s cache and attend with q into `out`.
     fn attention(
         &mut self,
@@ -211,6 +225,24 @@ pub fn norms_then_rope_attention<O: Ops + ?Sized>(
     o.rms_norm(q, norms.q, qn, hd, h.rope.n_heads, eps)?;
     o.rms_norm(k, norms.k, kn, hd, h.k_heads, eps)?;
     o.rope_attention(h.il, [qn, kn, v], h.out, h.rope, h.k_heads, h.attn)
+}
+
+/// [`Ops::qkv_attention`] as separate ops: the products, then the attention with RoPE
+/// (after the heads' norms where given).
+pub fn qkv_then_attention<O: Ops + ?Sized>(
+    o: &mut O,
+    w: &Proj<O::Weight, 3>,
+    x: &O::Act,
+    (qkv, normed): ([&O::Act; 3], [&O::Act; 2]),
+    norms: Option<&HeadNorms<'_, O::Weight>>,
+    h: &HeadsAttention<'_, O::Act>,
+) -> Result<()> {
+    w.run(o, x, qkv)?;
+    let (il, kh) = (h.il, h.k_heads);
+    match norms {
+        Some(n) => o.norm_rope_attention(il, qkv, normed, n, h.out, h.rope, kh, h.attn),
+        None => o.rope_attention(il, qkv, h.out, h.rope, kh, h.attn),
+    }
 }
 
 /// [`Ops::mul_mat_each`] as one product after another (backends with no joint form,
@@ -369,19 +401,21 @@ pub fn layer<O: Ops>(
     let (n_embd, eps) = (cfg.n_embd, cfg.eps);
     // Attention.
     o.rms_norm(&s.x, &w.attn_norm, &s.xn, n_embd, 1, eps)?;
-    w.qkv.run(o, &s.xn, [&s.q, &s.k, &s.v])?;
     let rope = rope_of(cfg, il, cfg.n_head);
     let attn = attention_of(cfg, il, n_ctx);
-    let qkv = [&s.q, &s.k, &s.v];
-    match (&w.q_norm, &w.k_norm) {
-        (Some(q), Some(k)) => {
-            let norms = HeadNorms { q, k, eps };
-            let normed = [&s.qn, &s.kn];
-            let kh = cfg.n_head_kv;
-            o.norm_rope_attention(il as usize, qkv, normed, &norms, &s.attn, &rope, kh, &attn)?
-        }
-        _ => o.rope_attention(il as usize, qkv, &s.attn, &rope, cfg.n_head_kv, &attn)?,
-    }
+    let norms = match (&w.q_norm, &w.k_norm) {
+        (Some(q), Some(k)) => Some(HeadNorms { q, k, eps }),
+        _ => None,
+    };
+    let heads = HeadsAttention {
+        il: il as usize,
+        out: &s.attn,
+        rope: &rope,
+        k_heads: cfg.n_head_kv,
+        attn: &attn,
+    };
+    let io = ([&s.q, &s.k, &s.v], [&s.qn, &s.kn]);
+    o.qkv_attention(&w.qkv, &s.xn, io, norms.as_ref(), &heads)?;
     residual(o, cfg, &w.wo, &s.attn, &w.post_attn_norm, s)?;
     // Feed-forward.
     o.rms_norm(&s.x, &w.ffn_norm, &s.xn, n_embd, 1, eps)?;

@@ -5,7 +5,9 @@
 //! keeps by default, read back to f32 inside the attention kernels.
 
 use super::rope::Rope;
-use super::{dispatch, dispatch_bound, groups, op_pipeline, op_pipeline_with_region, Dispatch, WG};
+use super::{
+    dispatch, dispatch_bound, groups, op_pipeline, op_pipeline_with_region, Dispatch, StepInfo, WG,
+};
 use crate::gpu::upload::{is_vector_uniform, VECTOR_UNIFORM_BYTES};
 use crate::gpu::GpuContext;
 use crate::{Error, Result};
@@ -72,16 +74,78 @@ fn check_kv_dim(kv_dim: u32) -> Result<()> {
     Ok(())
 }
 
+/// Parameters of `rope_store`, `rope_store_norm` and the RoPE at the end of
+/// `mul_mat_ks1nr` (common/ks1_rope.wgsl).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
-struct RopeStoreParams {
+pub(crate) struct RopeStoreParams {
     /// Q's rotation, as `rope` takes it (its second tensor's heads unused).
     rope: super::rope::Params,
     kv_dim: u32,
     stride: u32,
-    /// The epsilon of the heads' norms (`rope_store_norm` only).
+    /// The epsilon of the heads' norms (`rope_store_norm` and `mul_mat_ks1nr`).
     eps: f32,
-    _pad: u32,
+    /// 1 where V is a product of its own, whose output `mul_mat_ks1nr` appends (unread
+    /// by the `rope_store` kernels).
+    v_apart: u32,
+}
+
+/// Where and how a layer's keys and values join its cache after their product: RoPE
+/// (after the heads' norms, given `norms`) and the layer's caches, with its kept
+/// textures where the attention reads those. [`gpu_with_rope`] runs it as a dispatch;
+/// `ops::mul_mat::gpu_qkv_rope` at the end of the Q/K/V product.
+#[derive(Clone, Copy)]
+pub struct CacheAppend<'a> {
+    pub rope: &'a Rope,
+    /// K and V caches ([`gpu`]'s layouts).
+    pub caches: [&'a wgpu::Buffer; 2],
+    /// Values per position (kv_dim) and the positions the caches hold (n_ctx).
+    pub dims: (u32, u32),
+    pub norms: Option<QkNorms<'a>>,
+    pub tex: Option<CacheViews<'a>>,
+}
+
+impl CacheAppend<'_> {
+    /// Whether the caches hold whole heads of even length, and `norms`, where given,
+    /// can be bound on `ctx`.
+    pub(crate) fn check(&self, ctx: &GpuContext) -> Result<()> {
+        let (kv_dim, hd) = (self.dims.0, self.rope.head_dim);
+        check_kv_dim(kv_dim)?;
+        if kv_dim % hd.max(1) != 0 || hd % 2 != 0 {
+            return Err(Error::model(format!(
+                "KV cache: {kv_dim} values per position are not whole heads of {hd}"
+            )));
+        }
+        let Some(norms) = self.norms else {
+            return Ok(());
+        };
+        if !qk_norms_available(ctx, hd) {
+            return Err(Error::Unsupported(format!(
+                "Q/K norms folded into RoPE on {} (heads of {hd})",
+                ctx.info.name
+            )));
+        }
+        for (what, w) in [("Q", norms.q), ("K", norms.k)] {
+            if !is_vector_uniform(w) {
+                return Err(Error::gpu(format!(
+                    "the {what} norm's weight must be a uniform buffer of at least {VECTOR_UNIFORM_BYTES} bytes (gpu::upload::vector_init), got {} bytes",
+                    w.size()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The kernels' parameters; `v_apart` as [`RopeStoreParams::v_apart`].
+    pub(crate) fn params(&self, v_apart: bool) -> RopeStoreParams {
+        RopeStoreParams {
+            rope: self.rope.params(),
+            kv_dim: self.dims.0,
+            stride: v_stride(self.dims.1),
+            eps: self.norms.map_or(0.0, |n| n.eps),
+            v_apart: v_apart as u32,
+        }
+    }
 }
 
 /// Storage buffers `rope_store` binds.
@@ -112,60 +176,37 @@ pub fn qk_norms_available(ctx: &GpuContext, head_dim: u32) -> bool {
 }
 
 /// `rope` on q (`rope`'s heads, in place) and on k, with k and v appended to the
-/// caches as [`gpu`] appends them, in one dispatch. k_new is left unrotated: the
-/// rotated keys go to the cache only. With `norms`, each head of q and k is normalised
-/// first (`rms_norm` over the head, times its weight): q in place, k on its way into
-/// the cache.
-#[allow(clippy::too_many_arguments)]
+/// caches as [`gpu`] appends them, in one dispatch (`append`). k_new is left unrotated:
+/// the rotated keys go to the cache only. With norms, each head of q and k is
+/// normalised first (`rms_norm` over the head, times its weight): q in place, k on its
+/// way into the cache. With `batches_only`, steps of one token run nothing (the layer's
+/// Q/K/V product did it: `ops::mul_mat::gpu_qkv_rope`).
 pub fn gpu_with_rope(
     ctx: &GpuContext,
     step: &wgpu::Buffer,
-    rope: &Rope,
     q: &wgpu::Buffer,
     [k_new, v_new]: [&wgpu::Buffer; 2],
-    [k_cache, v_cache]: [&wgpu::Buffer; 2],
-    (kv_dim, n_ctx): (u32, u32),
-    norms: Option<QkNorms<'_>>,
-    tex: Option<CacheViews<'_>>,
+    append: &CacheAppend<'_>,
+    batches_only: bool,
 ) -> Result<Dispatch> {
-    check_kv_dim(kv_dim)?;
-    if kv_dim % rope.head_dim != 0 || rope.head_dim % 2 != 0 {
-        return Err(Error::model(format!(
-            "KV cache: {kv_dim} values per position are not whole heads of {}",
-            rope.head_dim
-        )));
-    }
-    let p = RopeStoreParams {
-        rope: rope.params(),
-        kv_dim,
-        stride: v_stride(n_ctx),
-        eps: norms.map_or(0.0, |n| n.eps),
-        _pad: 0,
+    append.check(ctx)?;
+    let (rope, [k_cache, v_cache], tex) = (append.rope, append.caches, append.tex);
+    let kv_dim = append.dims.0;
+    let p = append.params(false);
+    let tokens = move |s: &StepInfo| match batches_only && s.n_tokens == 1 {
+        true => 0,
+        false => s.n_tokens,
     };
     let bufs = [q, k_new, v_new, k_cache, v_cache];
     let region = ("tex", tex.is_some());
-    let Some(norms) = norms else {
+    let Some(norms) = append.norms else {
         let n = (rope.n_rot / 2 * rope.n_heads).max(kv_dim);
         let pipe = op_pipeline_with_region(ctx, "rope_store", region)?;
         let resources = bindings(&bufs, tex);
         return dispatch_bound(ctx, "rope_store", pipe, step, &p, resources, move |s| {
-            [groups(n, WG), s.n_tokens, 1]
+            [groups(n, WG), tokens(s), 1]
         });
     };
-    if !qk_norms_available(ctx, rope.head_dim) {
-        return Err(Error::Unsupported(format!(
-            "Q/K norms folded into RoPE on {} (heads of {})",
-            ctx.info.name, rope.head_dim
-        )));
-    }
-    for (what, w) in [("Q", norms.q), ("K", norms.k)] {
-        if !is_vector_uniform(w) {
-            return Err(Error::gpu(format!(
-                "the {what} norm's weight must be a uniform buffer of at least {VECTOR_UNIFORM_BYTES} bytes (gpu::upload::vector_init), got {} bytes",
-                w.size()
-            )));
-        }
-    }
     // One workgroup per head of Q and of K.
     let heads = rope.n_heads + kv_dim / rope.head_dim;
     let pipe =
@@ -179,7 +220,7 @@ pub fn gpu_with_rope(
         step,
         &p,
         resources,
-        move |s| [heads, s.n_tokens, 1],
+        move |s| [heads, tokens(s), 1],
     )
 }
 

@@ -2,6 +2,7 @@
 //! (`shaders/ops/mul_mat.wgsl` with the weight type's decoder).
 
 use super::glu::Activation;
+use super::kv_store::{CacheAppend, CacheViews};
 use super::{dispatch, dispatch_bound, groups, Dispatch, Pipe, StepInfo, WG};
 use crate::gpu::pipelines::Binding;
 use crate::gpu::shaders::Form;
@@ -201,6 +202,9 @@ const KS1_MAX_ROWS: u32 = 512;
 enum Ks1Walk {
     /// Single tokens, one at a time.
     Tokens,
+    /// Single tokens, each workgroup's rows whole heads of this many rows
+    /// (`mul_mat_ks1nr`, whose workgroups rotate the heads they stored).
+    Heads(u32),
     /// A batch's tiles of tokens.
     Tiles,
 }
@@ -223,19 +227,33 @@ enum Ks1Walk {
 ///   64 rows; two workgroups were slower on the small products, and 32 rows decoded
 ///   SmolLM2 at 0.8x.
 fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
+    let step = 2 * ctx.subgroup_min_size.clamp(1, KS_ROWS / 2);
+    if let Ks1Walk::Heads(head) = walk {
+        let rows = ks1_rows(ctx, n_rows, Ks1Walk::Tokens);
+        return rows.next_multiple_of(lcm(head.max(1), step));
+    }
     if ctx.info.device_type != wgpu::DeviceType::Cpu {
         return KS_ROWS;
     }
-    let step = 2 * ctx.subgroup_min_size.clamp(1, KS_ROWS / 2);
     let rows = match walk {
         // Few enough that a window of the fewest tokens stays within the trip budget
         // ([`ks_tok_win`]).
         Ks1Walk::Tiles => n_rows
             .div_ceil(crate::gpu::context::host_cores())
             .min(KS_WALK_TRIPS / KS_TOK_WIN_MIN / step * step),
-        Ks1Walk::Tokens => n_rows.div_ceil(KS1_GROUPS).min(KS1_MAX_ROWS),
+        Ks1Walk::Tokens | Ks1Walk::Heads(_) => n_rows.div_ceil(KS1_GROUPS).min(KS1_MAX_ROWS),
     };
     rows.next_multiple_of(step).max(KS_ROWS)
+}
+
+fn lcm(a: u32, b: u32) -> u32 {
+    let gcd = |mut a: u32, mut b: u32| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
 }
 
 /// Output tokens per workgroup of a `Ks` family dispatch that does not split its
@@ -464,6 +482,18 @@ struct Ks1 {
     /// or `mul_mat_ks1i` for the types of [`ks1_int`]); 8, `mul_mat_ks1i` in tiles of
     /// eight ([`ks1i_eight`]).
     tile: u32,
+    /// The single-token build that ends with RoPE and the cache append
+    /// (`mul_mat_ks1nr`, [`gpu_qkv_rope`]).
+    rope: Option<RopeBuild>,
+}
+
+/// How `mul_mat_ks1nr` is built.
+#[derive(Clone, Copy, Debug)]
+struct RopeBuild {
+    /// Whether each head is normalised first (`HEAD_NORMS`).
+    head_norms: bool,
+    /// Whether it writes the layer's kept cache textures too (region `tex`).
+    tex: bool,
 }
 
 /// The pipeline of variant `v` in `build`, compiled `when`.
@@ -483,8 +513,11 @@ fn kernel_pipeline(
     let form = Form::new(!fused, memory);
     let normed = ks1.is_some_and(|k| k.normed);
     let int = ks1.is_some_and(|k| k.tile > 1 && v == Variant::Ks && ks1_int(ty));
+    let rope = ks1.and_then(|k| k.rope);
     let shader = match (ks1, v) {
         (None, _) if matches!(build, Build::Mm) => "mul_mat_mm",
+        (Some(k), Variant::Ks) if rope.is_some() && k.normed && k.tile == 1 => "mul_mat_ks1nr",
+        (Some(k), Variant::KsU) if rope.is_some() && k.normed && k.tile == 1 => "mul_mat_ks1unr",
         (None, v) => v.shader(),
         (Some(k), Variant::Ks) if int && k.normed => "mul_mat_ks1in",
         (Some(_), Variant::Ks) if int => "mul_mat_ks1i",
@@ -499,7 +532,17 @@ fn kernel_pipeline(
             )))
         }
     };
-    let label = format!("{shader}_{ty}{}", form.suffix());
+    if rope.is_some() && !crate::gpu::shaders::is_rope_build(shader) {
+        return Err(Error::gpu(format!(
+            "{shader}: RoPE at the end of a product is a normed single-token build of ks or ksu only"
+        )));
+    }
+    // The RoPE build that writes the layer's kept KV cache textures.
+    let tex = match rope {
+        Some(r) if r.tex => "_kvtex",
+        _ => "",
+    };
+    let label = format!("{shader}_{ty}{}{tex}", form.suffix());
     // Whether a product replaces its output or is added to it is a parameter
     // (`Params::acc`), not a constant: one pipeline serves both.
     let consts: Vec<(&str, f64)> = match (v, ks1) {
@@ -514,6 +557,9 @@ fn kernel_pipeline(
                 c.push(("TILE", (k.tile > 1) as u8 as f64));
             } else {
                 c.push(("TILE", k.tile as f64));
+            }
+            if let Some(r) = rope {
+                c.push(("HEAD_NORMS", r.head_norms as u8 as f64));
             }
             c
         }
@@ -551,10 +597,16 @@ fn kernel_pipeline(
         // The norm's weight (common/x_norm.wgsl).
         layout.push(Binding::Uniform);
     }
+    if let Some(r) = rope {
+        layout.extend(rope_layout(r.tex));
+    }
     let source = || {
         let src = crate::gpu::shaders::quant_source_as(shader, ty, form)?;
         Ok(match ks1 {
             Some(k) => {
+                let src = crate::gpu::shaders::keep_regions(&src, "rope", rope.is_some());
+                let src =
+                    crate::gpu::shaders::keep_regions(&src, "tex", rope.is_some_and(|r| r.tex));
                 let src = crate::gpu::shaders::keep_slots(&src, k.slots);
                 let src = crate::gpu::shaders::keep_regions(&src, "tile4", k.tile != 8);
                 crate::gpu::shaders::keep_regions(&src, "tile8", k.tile == 8)
@@ -648,6 +700,7 @@ impl Steps {
 }
 
 /// One of a product's kernels ([`kernels`]) and the steps it runs in.
+#[derive(Clone)]
 struct Kernel {
     pipe: Pipe,
     steps: Steps,
@@ -777,6 +830,7 @@ fn kernels_compiled(
         slots: ks1_slots(ctx, n_cols / 32),
         normed,
         tile: 1,
+        rope: None,
     };
     let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), ones))?;
     let single = |steps| Kernel {
@@ -1221,6 +1275,168 @@ pub fn gpu_normed(
     .0)
 }
 
+/// Whether a layer's Q/K/V product `w` runs as [`gpu_qkv_rope`] on `ctx`, with its
+/// keys and values joining the cache as `append` says: it folds the norm before it
+/// ([`folds_norm`]), lies in one part, its heads are whole texels of eight, and the
+/// device binds the RoPE's buffers and textures beside the product's.
+pub fn fuses_rope(ctx: &GpuContext, w: &GpuTensor, append: &CacheAppend<'_>) -> bool {
+    let (hd, n_rot) = (append.rope.head_dim, append.rope.n_rot);
+    // The product's weights (two views), x, its three outputs, the two caches.
+    let (buffers, textures) = match w.memory {
+        WeightMemory::Buffer => (8, 0),
+        WeightMemory::Texture => (6, 2),
+    };
+    let textures = textures + 2 * append.tex.is_some() as u32;
+    let l = &ctx.limits;
+    folds_norm(ctx, w.ty, (w.n_rows(), w.n_cols()), w.memory)
+        && w.parts.len() == 1
+        && hd > 0
+        && hd % 8 == 0
+        && n_rot % 2 == 0
+        && n_rot <= hd
+        && l.max_storage_buffers_per_shader_stage >= buffers
+        && l.max_storage_textures_per_shader_stage >= textures
+        // step, params, the norm's weight, the RoPE's parameters, the heads' norms
+        && l.max_uniform_buffers_per_shader_stage >= 6
+        && append.check(ctx).is_ok()
+}
+
+/// A layer's Q/K/V product `w` of the norm it folds in ([`gpu_normed`]) into `ys` (Q, K,
+/// V), whose single tokens go on, inside the product, to rotate Q in place and append
+/// K and V to the cache as `append` says (`mul_mat_ks1nr`, common/ks1_rope.wgsl): the
+/// step then runs no `rope_store`. `rows` are Q's, K's and V's rows; or Q's and K's
+/// where V is a product of its own, which must have run into `ys[2]` before this one.
+/// Returns the dispatches and whether single tokens append: a `rope_store` (batches
+/// only, if they do) follows.
+pub fn gpu_qkv_rope(
+    ctx: &GpuContext,
+    step: &wgpu::Buffer,
+    w: &GpuTensor,
+    norm: Norm<'_>,
+    (ys, rows): ([&wgpu::Buffer; 3], &[u32]),
+    append: &CacheAppend<'_>,
+) -> Result<(Vec<Dispatch>, bool)> {
+    check_norm(ctx, w, norm)?;
+    if !fuses_rope(ctx, w, append) {
+        return Err(Error::Unsupported(format!(
+            "{}: RoPE and the cache append inside the product on {}",
+            w.name, ctx.info.name
+        )));
+    }
+    let (hd, kv_dim) = (append.rope.head_dim, append.dims.0);
+    let q_rows = hd * append.rope.n_heads;
+    let shaped = match *rows {
+        [q, k, v] => q == q_rows && k == kv_dim && v == kv_dim,
+        [q, k] => q == q_rows && k == kv_dim,
+        _ => false,
+    };
+    if !shaped {
+        return Err(Error::invalid(format!(
+            "{}: rows {rows:?} are not {} heads of Q and {kv_dim} of K (and of V)",
+            w.name, append.rope.n_heads
+        )));
+    }
+    let out = fused_outputs(ctx, w, &ys[..rows.len()], rows)?;
+    let one = Outputs {
+        // With V apart, the third output is where its product left it.
+        ys,
+        rope: Some(RopeOut::new(ctx, append, norm, rows.len() == 2)),
+        ..fused_outputs(ctx, w, &ys[..rows.len()], rows)?
+    };
+    let io = (&out, Some(&one));
+    gpu_out(
+        ctx,
+        Variant::Ks,
+        step,
+        w,
+        norm.x,
+        io,
+        Columns::All,
+        Some(norm),
+    )
+}
+
+/// What `mul_mat_ks1nr` binds past the product's own bindings (common/ks1_rope.wgsl).
+struct RopeOut<'a> {
+    params: wgpu::Buffer,
+    caches: [&'a wgpu::Buffer; 2],
+    /// The heads' norms' weights, or where there are none the folded norm's (bound,
+    /// unread).
+    norms: [&'a wgpu::Buffer; 2],
+    tex: Option<CacheViews<'a>>,
+    head_dim: u32,
+    build: RopeBuild,
+}
+
+impl<'a> RopeOut<'a> {
+    fn new(ctx: &GpuContext, a: &CacheAppend<'a>, norm: Norm<'a>, v_apart: bool) -> RopeOut<'a> {
+        RopeOut {
+            params: super::uniform(ctx, "mul_mat_ks1nr rope", &a.params(v_apart)),
+            caches: a.caches,
+            norms: a.norms.map_or([norm.w, norm.w], |n| [n.q, n.k]),
+            tex: a.tex,
+            head_dim: a.rope.head_dim,
+            build: RopeBuild {
+                head_norms: a.norms.is_some(),
+                tex: a.tex.is_some(),
+            },
+        }
+    }
+
+    /// The single-token kernel of a `v` product of `shape` that ends with this.
+    fn kernel(
+        &self,
+        ctx: &GpuContext,
+        v: Variant,
+        shape: (GgmlType, u64, u64, WeightMemory),
+    ) -> Result<Kernel> {
+        let (ty, _, n_cols, memory) = shape;
+        let build = Ks1 {
+            slots: ks1_slots(ctx, n_cols / 32),
+            normed: true,
+            tile: 1,
+            rope: Some(self.build),
+        };
+        let pipe = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(build), NOW))?;
+        Ok(Kernel {
+            stores_glu: true,
+            ..Kernel::ks1(pipe, Steps::One, Ks1Walk::Heads(self.head_dim))
+        })
+    }
+
+    /// Bindings 9.. ([`rope_layout`]).
+    fn bindings(&self) -> Vec<wgpu::BindingResource<'_>> {
+        let mut b = vec![
+            self.params.as_entire_binding(),
+            self.caches[0].as_entire_binding(),
+            self.caches[1].as_entire_binding(),
+            self.norms[0].as_entire_binding(),
+            self.norms[1].as_entire_binding(),
+        ];
+        if let Some(t) = self.tex {
+            b.push(wgpu::BindingResource::TextureView(t.k));
+            b.push(wgpu::BindingResource::TextureView(t.v));
+        }
+        b
+    }
+}
+
+/// Bindings 9.. of `mul_mat_ks1nr`: the RoPE's parameters, the K and V caches, the
+/// heads' norms' weights, and with `tex` the kept K and V textures.
+fn rope_layout(tex: bool) -> Vec<Binding> {
+    let mut b = vec![
+        Binding::Uniform,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+        Binding::Uniform,
+        Binding::Uniform,
+    ];
+    if tex {
+        b.extend([Binding::TextureWrite, Binding::TextureWrite]);
+    }
+    b
+}
+
 /// Whether a product of `w` can fold in `norm` ([`folds_norm`], and its weight bound as
 /// a uniform).
 fn check_norm(ctx: &GpuContext, w: &GpuTensor, norm: Norm<'_>) -> Result<()> {
@@ -1253,6 +1469,9 @@ struct Outputs<'a> {
     store: Store,
     /// 0, or 1 + the activation of a GLU store ([`Outputs::glu`]).
     glu: u32,
+    /// The RoPE and cache append a single token's Q/K/V product ends with
+    /// ([`gpu_qkv_rope`]).
+    rope: Option<RopeOut<'a>>,
 }
 
 impl<'a> Outputs<'a> {
@@ -1265,6 +1484,7 @@ impl<'a> Outputs<'a> {
             y_stride: n_rows as u32,
             store,
             glu: 0,
+            rope: None,
         }
     }
 
@@ -1288,6 +1508,7 @@ impl<'a> Outputs<'a> {
             y_stride: rows[0],
             store: Store::Write,
             glu: 0,
+            rope: None,
         })
     }
 
@@ -1331,8 +1552,10 @@ fn gpu_out(
         let plan = gpu_uniform_x(ctx, v, step, w, (x, norm), out, cols, per_xu)?;
         return Ok((plan, false));
     }
-    // The GLU store reads gate and up from one part.
-    let glu = glu.filter(|g| w.parts.len() == 1 && glu_rows_fit(ctx, v, g.y_stride));
+    // The GLU store reads gate and up from one part; so does the RoPE at the end of a
+    // Q/K/V product read back its heads ([`fuses_rope`]).
+    let glu = glu
+        .filter(|g| w.parts.len() == 1 && (g.rope.is_some() || glu_rows_fit(ctx, v, g.y_stride)));
     let mut plan = Vec::new();
     let mut glu_stored = false;
     let shape = (w.ty, w.n_rows(), w.n_cols(), w.memory);
@@ -1355,27 +1578,41 @@ fn gpu_out(
     runs.push((v, (0, u32::MAX), ks));
     for (v, toks, ks) in runs {
         for k in ks {
-            let mut parts = |steps: Steps, out: &Outputs<'_>| {
+            let mut parts = |k: &Kernel, steps: Steps, out: &Outputs<'_>| {
                 let on = move |s: &StepInfo| steps.admits(s, cols);
                 let io = (x, out, norm);
-                let d = part_dispatches(ctx, (v, &k), step, w, io, cols, toks, on)?;
+                let d = part_dispatches(ctx, (v, k), step, w, io, cols, toks, on)?;
                 plan.extend(d);
                 Result::Ok(())
             };
             match glu {
-                // Single tokens store act(gate) * up; the other steps their products.
-                Some(g) if k.stores_glu && k.steps.admits_one() => {
-                    parts(Steps::One, g)?;
+                // Single tokens store act(gate) * up, or rotate and append their heads
+                // (in the build that does); the other steps store their products.
+                Some(g)
+                    if k.stores_glu
+                        && k.steps.admits_one()
+                        && (g.rope.is_none() || ks_family(v)) =>
+                {
+                    let one = match &g.rope {
+                        Some(r) => r.kernel(ctx, v, shape)?,
+                        None => k.clone(),
+                    };
+                    parts(&one, Steps::One, g)?;
                     glu_stored = true;
                     if let Some(rest) = k.steps.beyond_one() {
-                        parts(rest, out)?;
+                        parts(&k, rest, out)?;
                     }
                 }
-                _ => parts(k.steps, out)?,
+                _ => parts(&k, k.steps, out)?,
             }
         }
     }
     Ok((plan, glu_stored))
+}
+
+/// Whether `v` is of the `Ks` family, whose single tokens run `mul_mat_ks1`.
+fn ks_family(v: Variant) -> bool {
+    matches!(v, Variant::Ks | Variant::KsU)
 }
 
 /// Whether `v`'s single-token build stores the GLU of `n_ff` gate rows: `mul_mat_ks1`
@@ -1427,6 +1664,9 @@ fn part_dispatches(
             if let Some(n) = norm {
                 wp.norm_eps = n.eps;
                 bindings.push(n.w.as_entire_binding());
+            }
+            if let Some(r) = &out.rope {
+                bindings.extend(r.bindings());
             }
             if matches!(v, Variant::WinU | Variant::KsU) {
                 // Binding 3 is a uniform of X_UNIFORM_BYTES: the copy's buffer, or the
