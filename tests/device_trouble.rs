@@ -264,10 +264,11 @@ fn few_storage_buffers_run_the_products_apart() {
     // before Q/K/V and gate/up run there: the products fold them in only where they
     // bind fused outputs (the output head, of over 16384 rows, keeps its norm in both).
     // And the 30 activations after gate/up, which a fused product of a single token
-    // stores itself.
+    // stores itself, and the 30 RoPEs with the cache append, which a fused Q/K/V
+    // product of a single token runs at its end.
     assert_eq!(
         apart.dispatches_per_step(),
-        fused.dispatches_per_step() + 90 + 30 + 60 + 60 + 30
+        fused.dispatches_per_step() + 90 + 30 + 60 + 60 + 30 + 30
     );
     let ids = tok
         .encode("The capital of France is", false, false)

@@ -1,7 +1,8 @@
 // @begin tex
 // A single token's key and value written into its layer's kept cache textures
 // (`ops::attention::AttnTextures`, the `_tex` builds of `rope_store` and
-// `rope_store_norm`), so that the step records no copy into them: on lavapipe each
+// `rope_store_norm`, and the `_kvtex` builds of `mul_mat_ks1nr` and `mul_mat_ks1unr`,
+// common/ks1_rope.wgsl), so that the step records no copy into them: on lavapipe each
 // copy command and the compute pass it splits cost a decode step more than its bytes
 // (docs/perf.md). K's texture holds the K cache's bytes row-major (eight halves per
 // texel, `scratch_xy`); V's a row per value row, positions along it, eight per texel.

@@ -6,7 +6,8 @@
 //!
 //! The caches' textures are kept per layer where they fit a budget: a batch step then
 //! copies only the positions it stored, and a single token's key and value are written
-//! there by the store kernel itself (`kv_store::gpu_with_rope`), so that decoding
+//! there by the kernel that appends them to the cache (`kv_store::gpu_with_rope`, or
+//! the end of the layer's Q/K/V product, `mul_mat::gpu_qkv_rope`), so that decoding
 //! records no copies. Past the budget one set serves every layer (the layers run one
 //! after another), and each layer's step copies all the positions it reads into it: at
 //! 4096 positions that was a quarter of SmolLM2's decode step.
@@ -185,8 +186,9 @@ impl<'a> LayerTextures<'a> {
         self.kept
     }
 
-    /// The kept textures' views, for the store kernel to write a single token's key and
-    /// value into (`kv_store::gpu_with_rope`); None where the textures are shared.
+    /// The kept textures' views, for the kernel that appends a single token's key and
+    /// value to write them into (`kv_store::CacheAppend`); None where the textures are
+    /// shared.
     pub fn cache_views(&self) -> Option<crate::ops::kv_store::CacheViews<'a>> {
         self.kept.then_some(crate::ops::kv_store::CacheViews {
             k: &self.k.1,
