@@ -11,16 +11,9 @@ use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
 use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns, Variant, Window};
 use wgllm::ops::{StepInfo, Store};
-use wgllm::quant::{self, GgmlType};
+use wgllm::quant::GgmlType;
 
 const GPU_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
-
-fn weight(ty: GgmlType, n_rows: usize, n_cols: usize, seed: u64) -> Vec<u8> {
-    let x = Rng::new(seed).vec(n_rows * n_cols, 1.0);
-    let mut out = Vec::new();
-    quant::quantize(ty, &x, &mut out).expect("quantize");
-    out
-}
 
 fn upload(ctx: &GpuContext, ty: GgmlType, n_rows: usize, n_cols: usize, bytes: &[u8]) -> GpuTensor {
     let info = TensorInfo {
@@ -31,28 +24,6 @@ fn upload(ctx: &GpuContext, ty: GgmlType, n_rows: usize, n_cols: usize, bytes: &
         n_bytes: bytes.len() as u64,
     };
     GpuTensor::upload(ctx, &info, bytes).expect("upload")
-}
-
-/// Matrices `ws` of `rows[i]` rows each, uploaded one after another as one
-/// (`GpuTensor::upload_fused`, as Q/K/V and gate/up are).
-fn upload_fused(
-    ctx: &GpuContext,
-    ty: GgmlType,
-    rows: &[usize],
-    n_cols: usize,
-    ws: &[Vec<u8>],
-) -> GpuTensor {
-    let infos: Vec<TensorInfo> = (0..rows.len())
-        .map(|i| TensorInfo {
-            name: format!("w{i}"),
-            dims: vec![n_cols as u64, rows[i] as u64],
-            ty,
-            offset: 0,
-            n_bytes: ws[i].len() as u64,
-        })
-        .collect();
-    let parts: Vec<(&TensorInfo, &[u8])> = infos.iter().zip(ws).map(|(i, w)| (i, &w[..])).collect();
-    GpuTensor::upload_fused(ctx, "fused", &parts, &mut |_| {}).expect("upload")
 }
 
 #[allow(clippy::too_many_arguments)]

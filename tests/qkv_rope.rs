@@ -7,15 +7,14 @@
 mod common;
 
 use common::*;
-use wgllm::gguf::TensorInfo;
 use wgllm::gpu::upload::{self, vector_init};
-use wgllm::gpu::{GpuContext, GpuTensor};
+use wgllm::gpu::GpuContext;
 use wgllm::ops::attention::{self, Attention, AttnTextures, CacheTextures, Chunks};
 use wgllm::ops::kv_store::{self, CacheAppend, QkNorms};
 use wgllm::ops::mul_mat::{self, Columns, Norm};
 use wgllm::ops::rope::{Rope, RopeMode};
 use wgllm::ops::{Dispatch, StepInfo};
-use wgllm::quant::{self, GgmlType};
+use wgllm::quant::GgmlType;
 
 /// One layer's attention geometry and weights.
 #[derive(Clone, Copy, Debug)]
@@ -76,34 +75,6 @@ const LAYERS: [Layer; 3] = [
 const STEPS: [u32; 7] = [5, 1, 1, 3, 1, 2, 1];
 
 const N_CTX: u32 = 24;
-
-fn weight(ty: GgmlType, n_rows: usize, n_cols: usize, seed: u64) -> Vec<u8> {
-    let x = Rng::new(seed).vec(n_rows * n_cols, 1.0);
-    let mut out = Vec::new();
-    quant::quantize(ty, &x, &mut out).expect("quantize");
-    out
-}
-
-/// Matrices `ws` of `rows[i]` rows each, as one (Q/K/V's upload).
-fn upload_fused(
-    ctx: &GpuContext,
-    ty: GgmlType,
-    rows: &[u32],
-    n_cols: usize,
-    ws: &[Vec<u8>],
-) -> GpuTensor {
-    let infos: Vec<TensorInfo> = (0..rows.len())
-        .map(|i| TensorInfo {
-            name: format!("w{i}"),
-            dims: vec![n_cols as u64, rows[i] as u64],
-            ty,
-            offset: 0,
-            n_bytes: ws[i].len() as u64,
-        })
-        .collect();
-    let parts: Vec<(&TensorInfo, &[u8])> = infos.iter().zip(ws).map(|(i, w)| (i, &w[..])).collect();
-    GpuTensor::upload_fused(ctx, "qkv", &parts, &mut |_| {}).expect("upload")
-}
 
 /// One path's buffers: Q, K and V of a step, the caches, the kept textures.
 struct Path {
@@ -236,8 +207,9 @@ fn steps(ctx: &GpuContext, l: &Layer, how: Run, fused: bool) -> Option<Seen> {
             )
         })
         .collect();
-    let w = upload_fused(ctx, l.ty, &rows, l.n_embd, &ws[..rows.len()]);
-    let wv = upload_fused(ctx, l.ty, &[kv_dim], l.n_embd, &ws[2..]);
+    let sizes: Vec<usize> = rows.iter().map(|&r| r as usize).collect();
+    let w = upload_fused(ctx, l.ty, &sizes, l.n_embd, &ws[..rows.len()]);
+    let wv = upload_fused(ctx, l.ty, &[kv_dim as usize], l.n_embd, &ws[2..]);
     let mut rng = Rng::new(9);
     let nwb = vector_init(ctx, "norm", &rng.vec(l.n_embd, 1.0)).expect("norm");
     let (qwb, kwb) = (

@@ -11,23 +11,9 @@
 // Where V is a product of its own (`rp.v_apart`, recorded before this one), `y2` is
 // its output and the workgroups share its rows.
 
-// Rust `ops::kv_store::RopeStoreParams`, as rope_store's `Params`.
-struct RopeP {
-    head_dim: u32,
-    n_heads: u32,
-    n_rot: u32,
-    mode: u32,
-    freq_base: f32,
-    freq_scale: f32,
-    _heads2: u32,
-    _pad0: u32,
-    kv_dim: u32,
-    stride: u32, // V row length in halves (even)
-    eps: f32,    // the heads' norms' epsilon
-    v_apart: u32,
-}
 
-@group(0) @binding(9) var<uniform> rp: RopeP;
+// common/rope_store_params.wgsl
+@group(0) @binding(9) var<uniform> rp: RopeStoreParams;
 @group(0) @binding(10) var<storage, read_write> k_cache: array<u32>;
 @group(0) @binding(11) var<storage, read_write> v_cache: array<u32>;
 // The heads' norms' weights (bound, and unread, without HEAD_NORMS): uniforms, as

@@ -65,6 +65,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
             STEP,
             ROPE_ANGLE,
             KV_STORE_V,
+            ROPE_STORE_PARAMS,
             ROPE_STORE_IO,
             SCRATCH_TEXEL,
             KV_TEX,
@@ -78,6 +79,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
             REDUCE,
             ROPE_ANGLE,
             KV_STORE_V,
+            ROPE_STORE_PARAMS,
             ROPE_STORE_IO,
             SCRATCH_TEXEL,
             KV_TEX,
@@ -91,6 +93,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
             REDUCE_SG,
             ROPE_ANGLE,
             KV_STORE_V,
+            ROPE_STORE_PARAMS,
             ROPE_STORE_IO,
             SCRATCH_TEXEL,
             KV_TEX,
@@ -180,9 +183,47 @@ const MUL_MAT_KS1I: &str = wgsl!("ops/mul_mat_ks1i.wgsl");
 const KS1_LANES: &str = wgsl!("common/ks1_lanes.wgsl");
 /// The RoPE and cache append at the end of `mul_mat_ks1nr` (its region `rope`).
 const KS1_ROPE: &str = wgsl!("common/ks1_rope.wgsl");
+/// The parameters of RoPE with the cache append (`rope_store`, `rope_store_norm` and
+/// `KS1_ROPE`).
+const ROPE_STORE_PARAMS: &str = wgsl!("common/rope_store_params.wgsl");
 const X_CHUNK: &str = wgsl!("common/x_chunk.wgsl");
 const X_NORM: &str = wgsl!("common/x_norm.wgsl");
 const X_PLAIN: &str = wgsl!("common/x_plain.wgsl");
+
+/// The builds of `mul_mat_ks1n` and `mul_mat_ks1un` whose single tokens end with RoPE
+/// and the cache append: (name, the build each extends with [`ROPE_PARTS`]).
+const ROPE_BUILDS: [(&str, &str); 2] = [
+    ("mul_mat_ks1nr", "mul_mat_ks1n"),
+    ("mul_mat_ks1unr", "mul_mat_ks1un"),
+];
+
+/// What a build of [`ROPE_BUILDS`] adds to the one it extends (WGSL declares in any
+/// order).
+const ROPE_PARTS: [&str; 5] = [
+    ROPE_STORE_PARAMS,
+    ROPE_ANGLE,
+    SCRATCH_TEXEL,
+    KV_TEX,
+    KS1_ROPE,
+];
+
+/// The body parts of the weight-typed kernel `name` ([`QUANT_OPS`] or [`ROPE_BUILDS`]).
+fn quant_parts(name: &str) -> Option<Vec<&'static str>> {
+    let rope = ROPE_BUILDS.iter().find(|(n, _)| *n == name);
+    let base = rope.map_or(name, |(_, b)| *b);
+    let (_, parts) = QUANT_OPS.iter().find(|(n, _)| *n == base)?;
+    let mut parts = parts.to_vec();
+    if rope.is_some() {
+        parts.extend(ROPE_PARTS);
+    }
+    Some(parts)
+}
+
+/// Every weight-typed kernel's name.
+fn quant_names() -> impl Iterator<Item = &'static str> {
+    let rope = ROPE_BUILDS.iter().map(|(n, _)| *n);
+    QUANT_OPS.iter().map(|(n, _)| *n).chain(rope)
+}
 
 /// Kernels specialised by weight type: (name, body parts, joined in order).
 /// `mul_mat_*` are the variants of `mul_mat` (see `ops::mul_mat::Variant`).
@@ -294,42 +335,6 @@ const QUANT_OPS: &[(&str, &[&str])] = &[
             ACT,
             MUL_MAT_KS1,
             MUL_MAT_XS,
-        ],
-    ),
-    (
-        "mul_mat_ks1nr",
-        &[
-            W_STORAGE,
-            MUL_MAT_PARAMS,
-            MUL_MAT_STORE,
-            X_CHUNK,
-            X_NORM,
-            KS1_LANES,
-            ACT,
-            ROPE_ANGLE,
-            SCRATCH_TEXEL,
-            KV_TEX,
-            KS1_ROPE,
-            MUL_MAT_KS1,
-            MUL_MAT_XS,
-        ],
-    ),
-    (
-        "mul_mat_ks1unr",
-        &[
-            W_STORAGE,
-            MUL_MAT_PARAMS,
-            MUL_MAT_STORE,
-            X_CHUNK,
-            X_NORM,
-            KS1_LANES,
-            ACT,
-            ROPE_ANGLE,
-            SCRATCH_TEXEL,
-            KV_TEX,
-            KS1_ROPE,
-            MUL_MAT_KS1,
-            MUL_MAT_XU,
         ],
     ),
     (
@@ -478,10 +483,7 @@ pub fn quant_source(name: &str, ty: GgmlType) -> Result<String> {
 /// [`quant_source`] in `form`. Kernels that bind their weights themselves (the
 /// windowed mul_mat walks) have no texture form.
 pub fn quant_source_as(name: &str, ty: GgmlType, form: Form) -> Result<String> {
-    let (_, body) = QUANT_OPS
-        .iter()
-        .find(|(n, _)| *n == name)
-        .ok_or_else(|| Error::gpu(format!("no shader named {name}")))?;
+    let body = quant_parts(name).ok_or_else(|| Error::gpu(format!("no shader named {name}")))?;
     let dec = decoder(ty)
         .ok_or_else(|| Error::Unsupported(format!("{name} for {ty} weights on the GPU")))?;
     if form.texture && !body.contains(&W_STORAGE) {
@@ -558,7 +560,7 @@ pub fn keep_regions(src: &str, name: &str, keep: bool) -> String {
 /// cache append (its region `rope`, common/ks1_rope.wgsl): with the activations in
 /// storage or in a uniform (`ops::mul_mat::Variant::KsU`).
 pub fn is_rope_build(name: &str) -> bool {
-    matches!(name, "mul_mat_ks1nr" | "mul_mat_ks1unr")
+    ROPE_BUILDS.iter().any(|(n, _)| *n == name)
 }
 
 /// WGSL requires `enable ...;` directives before any declaration; a kernel body that
@@ -599,10 +601,7 @@ pub fn needs_subgroups(name: &str) -> bool {
     OPS.iter()
         .find(|(n, _, _)| *n == name)
         .is_some_and(|(_, helpers, body)| helpers.iter().any(uses) || uses(body))
-        || QUANT_OPS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .is_some_and(|(_, parts)| parts.iter().any(uses))
+        || quant_parts(name).is_some_and(|parts| parts.iter().any(uses))
 }
 
 fn op_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
@@ -614,7 +613,7 @@ fn op_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
 
 fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    for (name, _) in QUANT_OPS.iter().filter(|(n, _)| keep(n)) {
+    for name in quant_names().filter(|n| keep(n)) {
         for ty in GgmlType::ALL {
             let texture = Form::new(false, WeightMemory::Texture);
             let forms = [

@@ -93,6 +93,17 @@ impl<'a> Recorder<'a> {
         fits
     }
 
+    /// The pending norm's input, weight and epsilon, for a product that folds it in
+    /// (which marks it folded).
+    fn fold_pending(&mut self) -> Result<(wgpu::Buffer, wgpu::Buffer, f32)> {
+        let p = self
+            .pending
+            .as_mut()
+            .ok_or_else(|| Error::gpu("a folded norm with no norm recorded"))?;
+        p.folded = true;
+        Ok((p.x.clone(), p.w.clone(), p.eps))
+    }
+
     /// A product reading the pending norm's output, with the norm folded in.
     fn mul_mat_normed(
         &mut self,
@@ -101,17 +112,13 @@ impl<'a> Recorder<'a> {
         rows: &[u32],
         cols: Columns,
     ) -> Result<()> {
-        let p = self
-            .pending
-            .as_mut()
-            .ok_or_else(|| Error::gpu("a folded norm with no norm recorded"))?;
+        let (x, w_norm, eps) = self.fold_pending()?;
         let norm = ops::mul_mat::Norm {
-            x: &p.x,
-            w: &p.w,
-            eps: p.eps,
+            x: &x,
+            w: &w_norm,
+            eps,
         };
         let d = ops::mul_mat::gpu_normed(self.ctx, self.step, w, norm, ys, rows, cols)?;
-        p.folded = true;
         self.plan.extend(d);
         Ok(())
     }
@@ -202,18 +209,14 @@ impl<'a> Recorder<'a> {
         if let Some(wv) = v_apart {
             self.mul_mat(wv, x, v, Columns::All)?;
         }
-        let p = self
-            .pending
-            .as_mut()
-            .ok_or_else(|| Error::gpu("a folded norm with no norm recorded"))?;
+        let (nx, nw, eps) = self.fold_pending()?;
         let norm = ops::mul_mat::Norm {
-            x: &p.x,
-            w: &p.w,
-            eps: p.eps,
+            x: &nx,
+            w: &nw,
+            eps,
         };
         let io = (ys, rows);
         let (d, stored) = ops::mul_mat::gpu_qkv_rope(self.ctx, self.step, wt, norm, io, &append)?;
-        p.folded = true;
         self.plan.extend(d);
         self.settle();
         self.rope_store_attend(h.il, ys, &append, stored, (h.out, h.attn))?;

@@ -4,11 +4,13 @@
 
 use std::sync::OnceLock;
 
+use wgllm::gguf::TensorInfo;
 use wgllm::gpu::context::enumerate;
 use wgllm::gpu::readback::read_buffer;
 use wgllm::gpu::upload::{storage_init, WeightMemory};
-use wgllm::gpu::{DeviceOptions, GpuContext};
+use wgllm::gpu::{DeviceOptions, GpuContext, GpuTensor};
 use wgllm::ops::{Dispatch, StepInfo};
+use wgllm::quant::{self, GgmlType};
 
 /// Every adapter on this machine (Vulkan and GL on lavapipe/llvmpipe here). A machine
 /// without any adapter fails the GPU tests: they must not silently skip.
@@ -210,4 +212,34 @@ pub fn with_runtime_dir(cmd: &mut std::process::Command) {
         std::fs::create_dir_all(&dir).unwrap();
         cmd.env("XDG_RUNTIME_DIR", dir);
     }
+}
+
+/// A random `n_rows` x `n_cols` matrix quantized to `ty`.
+pub fn weight(ty: GgmlType, n_rows: usize, n_cols: usize, seed: u64) -> Vec<u8> {
+    let x = Rng::new(seed).vec(n_rows * n_cols, 1.0);
+    let mut out = Vec::new();
+    quant::quantize(ty, &x, &mut out).expect("quantize");
+    out
+}
+
+/// Matrices `ws` of `rows[i]` rows each, uploaded one after another as one
+/// (`GpuTensor::upload_fused`, as Q/K/V and gate/up are).
+pub fn upload_fused(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    rows: &[usize],
+    n_cols: usize,
+    ws: &[Vec<u8>],
+) -> GpuTensor {
+    let infos: Vec<TensorInfo> = (0..rows.len())
+        .map(|i| TensorInfo {
+            name: format!("w{i}"),
+            dims: vec![n_cols as u64, rows[i] as u64],
+            ty,
+            offset: 0,
+            n_bytes: ws[i].len() as u64,
+        })
+        .collect();
+    let parts: Vec<(&TensorInfo, &[u8])> = infos.iter().zip(ws).map(|(i, w)| (i, &w[..])).collect();
+    GpuTensor::upload_fused(ctx, "fused", &parts, &mut |_| {}).expect("upload")
 }
