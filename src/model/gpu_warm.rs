@@ -14,7 +14,7 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use super::config::Config;
-use super::graph::{self, Ops};
+use super::graph::{self, HeadNorms, HeadsAttention, Ops, Proj};
 use super::weights;
 use crate::gguf::GgufFile;
 use crate::gpu::GpuContext;
@@ -47,6 +47,9 @@ struct Warm<'a> {
     jobs: Vec<WarmJob<'a>>,
     mats: HashSet<(GgmlType, u64, u64, Columns, bool)>,
     attention: bool,
+    /// The Q/K/V products' builds that end with RoPE: (type, row length, rows, heads'
+    /// norms, kept textures).
+    ropes: HashSet<(GgmlType, u64, u64, bool, bool)>,
     /// The row length of the last norm of the residual stream, while the products
     /// after it may fold it in (as `gpu_backend`'s recorder does).
     norm: Option<u32>,
@@ -95,6 +98,44 @@ impl Ops for Warm<'_> {
     fn rope(&mut self, _: &(), _: &Rope) -> Result<()> {
         self.norm = None;
         Ok(())
+    }
+
+    // Single tokens run the Q/K/V product's build that ends with RoPE where the norm
+    // before it folds in (as `gpu_backend`'s recorder does), writing the layer's kept
+    // textures where the attention reads textures (kept within their budget).
+    fn qkv_attention(
+        &mut self,
+        w: &Proj<Shape, 3>,
+        x: &(),
+        io: ([&(); 3], [&(); 2]),
+        norms: Option<&HeadNorms<'_, Shape>>,
+        h: &HeadsAttention<'_, ()>,
+    ) -> Result<()> {
+        let fused = match w {
+            Proj::Fused(s, _) => Some(*s),
+            Proj::Leading { fused, rows, rest } if rows.len() == 2 && rest.len() == 1 => {
+                Some(*fused)
+            }
+            _ => None,
+        };
+        let ctx = self.ctx;
+        let folds = |s: &Shape| {
+            let memory = ctx.matrix_memory(s.ty);
+            mul_mat::folds_norm(ctx, s.ty, (s.n_rows, s.n_cols), memory)
+        };
+        let fits = h.rope.head_dim % 8 == 0 && self.norm.is_some();
+        if let Some(s) = fused.filter(|s| fits && self.norm == Some(s.n_cols as u32) && folds(s)) {
+            let (ty, shape) = (s.ty, (s.ty, s.n_rows, s.n_cols));
+            let build = (norms.is_some(), h.attn.reads_textures(ctx));
+            if self
+                .ropes
+                .insert((ty, s.n_cols, s.n_rows, build.0, build.1))
+            {
+                self.jobs
+                    .push(Box::new(move || mul_mat::warm_rope(ctx, shape, build)));
+            }
+        }
+        graph::qkv_then_attention(self, w, x, io, norms, h)
     }
 
     fn attention(&mut self, _: usize, _: &(), _: &(), _: &(), _: &(), a: &Attention) -> Result<()> {
@@ -172,6 +213,7 @@ pub fn warm(
         jobs: Vec::new(),
         mats: HashSet::new(),
         attention: false,
+        ropes: HashSet::new(),
         norm: None,
     };
     if layers.start == 0 {

@@ -1356,6 +1356,25 @@ pub fn gpu_qkv_rope(
     )
 }
 
+/// Compile (or find) the single-token build of a Q/K/V product of `shape` (its type,
+/// rows and row length) that ends with RoPE and the cache append ([`gpu_qkv_rope`]),
+/// with or without the heads' norms and the kept textures' writes, as recording a model
+/// whose activations are its own buffers (`gpu::upload::activations`) will ask for it:
+/// so that it can be built on another thread while the weights upload.
+pub fn warm_rope(
+    ctx: &GpuContext,
+    (ty, n_rows, n_cols): (GgmlType, u64, u64),
+    (head_norms, tex): (bool, bool),
+) -> Result<()> {
+    let memory = ctx.matrix_memory(ty);
+    let v = resolve(ctx, variant(ctx, ty)?, ty, n_cols, memory)?;
+    let v = for_product(ctx, v, (n_rows, n_cols), Columns::All);
+    let direct = single_tokens_uniform(ctx, v, Columns::All, n_cols) && binds_x_view(ctx);
+    let v = if direct { Variant::KsU } else { v };
+    let rope = RopeOut::kernel_build(ctx, n_cols, RopeBuild { head_norms, tex });
+    kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(rope), NOW)).map(drop)
+}
+
 /// What `mul_mat_ks1nr` binds past the product's own bindings (common/ks1_rope.wgsl).
 struct RopeOut<'a> {
     params: wgpu::Buffer,
@@ -1391,17 +1410,22 @@ impl<'a> RopeOut<'a> {
         shape: (GgmlType, u64, u64, WeightMemory),
     ) -> Result<Kernel> {
         let (ty, _, n_cols, memory) = shape;
-        let build = Ks1 {
-            slots: ks1_slots(ctx, n_cols / 32),
-            normed: true,
-            tile: 1,
-            rope: Some(self.build),
-        };
+        let build = RopeOut::kernel_build(ctx, n_cols, self.build);
         let pipe = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(build), NOW))?;
         Ok(Kernel {
             stores_glu: true,
             ..Kernel::ks1(pipe, Steps::One, Ks1Walk::Heads(self.head_dim))
         })
+    }
+
+    /// The single-token build of rows of `n_cols` that ends with `rope`.
+    fn kernel_build(ctx: &GpuContext, n_cols: u64, rope: RopeBuild) -> Ks1 {
+        Ks1 {
+            slots: ks1_slots(ctx, n_cols / 32),
+            normed: true,
+            tile: 1,
+            rope: Some(rope),
+        }
     }
 
     /// Bindings 9.. ([`rope_layout`]).
