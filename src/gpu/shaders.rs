@@ -35,9 +35,16 @@ const ATTN_QK_TEXTURE: &str = wgsl!("common/attn_qk_texture.wgsl");
 const ATTN_PV_BUFFER: &str = wgsl!("common/attn_pv_buffer.wgsl");
 const ATTN_PV_TEXTURE: &str = wgsl!("common/attn_pv_texture.wgsl");
 const SCRATCH_TEXEL: &str = wgsl!("common/scratch_texel.wgsl");
-/// A single token's key and value written into kept cache textures (`rope_store`'s and
-/// `rope_store_norm`'s region `tex`).
-const KV_TEX: &str = wgsl!("common/kv_tex.wgsl");
+/// What every kernel that rotates keys on their way into the KV cache includes (the
+/// `rope_store` kernels and the RoPE builds of `mul_mat_ks1`): the rotation's angles,
+/// its parameters, and a single token's key and value written into the kept cache
+/// textures (their region `tex`). WGSL declares in any order, so the files are one part.
+const ROPE_APPEND: &str = concat!(
+    wgsl!("common/rope_angle.wgsl"),
+    wgsl!("common/rope_store_params.wgsl"),
+    wgsl!("common/scratch_texel.wgsl"),
+    wgsl!("common/kv_tex.wgsl"),
+);
 /// The same reductions for workgroups of one subgroup (the `_sg` kernels).
 const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
@@ -61,43 +68,17 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("kv_store", &[STEP, KV_STORE_V], wgsl!("ops/kv_store.wgsl")),
     (
         "rope_store",
-        &[
-            STEP,
-            ROPE_ANGLE,
-            KV_STORE_V,
-            ROPE_STORE_PARAMS,
-            ROPE_STORE_IO,
-            SCRATCH_TEXEL,
-            KV_TEX,
-        ],
+        &[STEP, KV_STORE_V, ROPE_STORE_IO, ROPE_APPEND],
         wgsl!("ops/rope_store.wgsl"),
     ),
     (
         "rope_store_norm",
-        &[
-            STEP,
-            REDUCE,
-            ROPE_ANGLE,
-            KV_STORE_V,
-            ROPE_STORE_PARAMS,
-            ROPE_STORE_IO,
-            SCRATCH_TEXEL,
-            KV_TEX,
-        ],
+        &[STEP, REDUCE, KV_STORE_V, ROPE_STORE_IO, ROPE_APPEND],
         wgsl!("ops/rope_store_norm.wgsl"),
     ),
     (
         "rope_store_norm_sg",
-        &[
-            STEP,
-            REDUCE_SG,
-            ROPE_ANGLE,
-            KV_STORE_V,
-            ROPE_STORE_PARAMS,
-            ROPE_STORE_IO,
-            SCRATCH_TEXEL,
-            KV_TEX,
-        ],
+        &[STEP, REDUCE_SG, KV_STORE_V, ROPE_STORE_IO, ROPE_APPEND],
         wgsl!("ops/rope_store_norm.wgsl"),
     ),
     (
@@ -183,9 +164,6 @@ const MUL_MAT_KS1I: &str = wgsl!("ops/mul_mat_ks1i.wgsl");
 const KS1_LANES: &str = wgsl!("common/ks1_lanes.wgsl");
 /// The RoPE and cache append at the end of `mul_mat_ks1nr` (its region `rope`).
 const KS1_ROPE: &str = wgsl!("common/ks1_rope.wgsl");
-/// The parameters of RoPE with the cache append (`rope_store`, `rope_store_norm` and
-/// `KS1_ROPE`).
-const ROPE_STORE_PARAMS: &str = wgsl!("common/rope_store_params.wgsl");
 const X_CHUNK: &str = wgsl!("common/x_chunk.wgsl");
 const X_NORM: &str = wgsl!("common/x_norm.wgsl");
 const X_PLAIN: &str = wgsl!("common/x_plain.wgsl");
@@ -199,13 +177,7 @@ const ROPE_BUILDS: [(&str, &str); 2] = [
 
 /// What a build of [`ROPE_BUILDS`] adds to the one it extends (WGSL declares in any
 /// order).
-const ROPE_PARTS: [&str; 5] = [
-    ROPE_STORE_PARAMS,
-    ROPE_ANGLE,
-    SCRATCH_TEXEL,
-    KV_TEX,
-    KS1_ROPE,
-];
+const ROPE_PARTS: [&str; 2] = [ROPE_APPEND, KS1_ROPE];
 
 /// The body parts of the weight-typed kernel `name` ([`QUANT_OPS`] or [`ROPE_BUILDS`]).
 fn quant_parts(name: &str) -> Option<Vec<&'static str>> {

@@ -123,7 +123,7 @@ impl Ops for Warm<'_> {
             let memory = ctx.matrix_memory(s.ty);
             mul_mat::folds_norm(ctx, s.ty, (s.n_rows, s.n_cols), memory)
         };
-        let fits = h.rope.head_dim % 8 == 0 && self.norm.is_some();
+        let fits = h.rope.head_dim % 8 == 0;
         if let Some(s) = fused.filter(|s| fits && self.norm == Some(s.n_cols as u32) && folds(s)) {
             let (ty, shape) = (s.ty, (s.ty, s.n_rows, s.n_cols));
             let build = (norms.is_some(), h.attn.reads_textures(ctx));
