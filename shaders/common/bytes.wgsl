@@ -98,6 +98,59 @@ fn q5_hi(v: u32, qh: u32, j: u32) -> vec4<f32> {
     return u8x4(((v >> 4u) & 0x0f0f0f0fu) | bit4x4(qh, j));
 }
 
+// Fields read where they sit ("in place"), for the single-token products' dots
+// (`wdot32_pre`, ops/mul_mat_ks1.wgsl). A field masked in its word is the field times
+// two to the power of its lowest bit, an integer exact in f32 (at most 8 significant
+// bits); dotted with activations divided by those powers beforehand (`x_pre`, once
+// per token instead of once per row), each product is the field's times its
+// activation exactly, and the sums are bit for bit those of extracted fields. A mask
+// is one operation per field where extracting a field takes two or three (shift, mask,
+// sign extension), and the unpacking is most of a single token's arithmetic on
+// CPU-hosted drivers (docs/perf.md). A word's top field is shifted down instead (in
+// place it could read as negative), so its power is that of its lowest bit less 24.
+
+// The four bytes of `v` in place (factors `PLACE_BYTES`).
+fn bytes_placed(v: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<i32>(vec4<u32>(v & 0xffu, v & 0xff00u, v & 0xff0000u, v >> 24u)));
+}
+const PLACE_BYTES = vec4<f32>(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0);
+
+// Low nibbles of the four bytes of `v` in place (factors `PLACE_LO4`) and high ones
+// (`PLACE_HI4`).
+fn lo4_placed(v: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<i32>(vec4<u32>(v & 0xfu, v & 0xf00u, v & 0xf0000u, v & 0xf000000u)));
+}
+fn hi4_placed(v: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<i32>(vec4<u32>(v & 0xf0u, v & 0xf000u, v & 0xf00000u, v >> 28u)));
+}
+const PLACE_LO4 = vec4<f32>(1.0, 1.0 / 256.0, 1.0 / 65536.0, 1.0 / 16777216.0);
+const PLACE_HI4 = vec4<f32>(1.0 / 16.0, 1.0 / 4096.0, 1.0 / 1048576.0, 1.0);
+
+// The eight vec4s of a chunk of activations times `f` (`x_pre` for types whose fields
+// sit alike in every word).
+fn x_times(xc: array<vec4<f32>, 8>, f: vec4<f32>) -> array<vec4<f32>, 8> {
+    return array<vec4<f32>, 8>(
+        xc[0] * f, xc[1] * f, xc[2] * f, xc[3] * f, xc[4] * f, xc[5] * f, xc[6] * f, xc[7] * f,
+    );
+}
+
+// `x_pre` of Q4_0 and Q4_1, whose chunk is 16 bytes: elements 0 .. 15 their low
+// nibbles, 16 .. 31 their high ones.
+fn nibbles_pre(xc: array<vec4<f32>, 8>) -> array<vec4<f32>, 8> {
+    return array<vec4<f32>, 8>(
+        xc[0] * PLACE_LO4, xc[1] * PLACE_LO4, xc[2] * PLACE_LO4, xc[3] * PLACE_LO4,
+        xc[4] * PLACE_HI4, xc[5] * PLACE_HI4, xc[6] * PLACE_HI4, xc[7] * PLACE_HI4,
+    );
+}
+
+// `q5_lo` and `q5_hi` in place (factors `PLACE_BYTES`).
+fn q5_lo_placed(v: u32, qh: u32, j: u32) -> vec4<f32> {
+    return bytes_placed((v & 0x0f0f0f0fu) | bit4x4(qh, j));
+}
+fn q5_hi_placed(v: u32, qh: u32, j: u32) -> vec4<f32> {
+    return bytes_placed(((v >> 4u) & 0x0f0f0f0fu) | bit4x4(qh, j));
+}
+
 // The 8 words of the two aligned vec4s from vec4 index `i` (16-byte aligned fields).
 fn wq8(i: u32) -> array<u32, 8> {
     let a = wq(i);

@@ -136,12 +136,14 @@ fn main(
                 acc[i] += wdot64((r0 + i) * p.row_bytes, c2, xa, xb, sa, sb);
             }
         }
-        // The chunks not walked in pairs (all of them unless PAIRED; an odd last one).
+        // The chunks not walked in pairs (all of them unless PAIRED; an odd last one),
+        // their quants read in place (`x_pre`, common/bytes.wgsl).
         for (var c = singles.x; c < singles.y; c += singles.z) {
             let x0 = x_chunk(first, t, c);
             let xs = x_sum(x0);
+            let xp = x_pre(x0, c);
             for (var i = 0u; i < nr; i++) {
-                acc[i] += wdot32((r0 + i) * p.row_bytes, c, x0, xs);
+                acc[i] += wdot32_pre((r0 + i) * p.row_bytes, c, xp, xs);
             }
         }
         // The row sums are spread over the lanes to store: lane l writes rows l, l + WG..

@@ -42,7 +42,9 @@
 override TILE: bool = false;
 
 // One of a lane's chunks: its index, 1 or 0 for a lane past the row's end (which
-// dots the last chunk again and drops it), its activations and their sum.
+// dots the last chunk again and drops it), its activations as the weight type's
+// `wdot32_pre` takes them (`x_pre`: divided by the powers of two at which the type's
+// quants are read in place, common/bytes.wgsl) and their plain sum.
 struct Slot {
     c: u32,
     on: f32,
@@ -54,7 +56,7 @@ struct Slot {
 fn slot(first: u32, t: u32, k: u32, l: u32, n_chunks: u32, inv: f32) -> Slot {
     let c = slot_chunk(k, l, n_chunks);
     let x = normed(x_chunk(first, t, c.x), c.x, inv);
-    return Slot(c.x, f32(c.y), x, x_sum(x));
+    return Slot(c.x, f32(c.y), x_pre(x, c.x), x_sum(x));
 }
 
 // Slot k of the four tokens t .. t + 3, whose 1 / rms are `inv` with NORM.
@@ -86,7 +88,7 @@ fn slot4_dot(rb: u32, s: Slot4) -> vec4<f32> {
 }
 
 fn slot_dot(row_byte: u32, s: Slot) -> f32 {
-    return s.on * wdot32(row_byte, s.c, s.x, s.xs);
+    return s.on * wdot32_pre(row_byte, s.c, s.x, s.xs);
 }
 
 // Row `rb` dotted with a lane's slots. Every line of slot k > 0 ends in a `@slot k`

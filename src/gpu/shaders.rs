@@ -50,6 +50,9 @@ const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32` from `decode32` and `wdot64` from `wdot32`, for decoders without their own.
 const DOT32_GENERIC: &str = wgsl!("common/quant/dot32_generic.wgsl");
 const DOT64_GENERIC: &str = wgsl!("common/quant/dot64_generic.wgsl");
+/// `x_pre` and `wdot32_pre` from `wdot32` (single tokens' dots with quants read in
+/// place, common/bytes.wgsl), for decoders without their own.
+const DOT32_PRE_GENERIC: &str = wgsl!("common/quant/dot32_pre_generic.wgsl");
 
 /// Tokens per tile of the attention kernels: one for single-token steps, four for
 /// batches (a private array's size must be a constant, not an override).
@@ -471,6 +474,9 @@ pub fn quant_source_as(name: &str, ty: GgmlType, form: Form) -> Result<String> {
     }
     if !has("fn wdot64(") {
         parts.push(DOT64_GENERIC);
+    }
+    if !has("fn wdot32_pre(") {
+        parts.push(DOT32_PRE_GENERIC);
     }
     if body.contains(&MUL_MAT_KS1I) {
         let pairs = pair_decoder(ty)

@@ -26,3 +26,18 @@ fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let dm = q4_1_dm(row_byte, c);
     return s * dm.x + xs * dm.y;
 }
+
+// `wdot32` on activations from `x_pre`, the nibbles read in place (common/bytes.wgsl).
+fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
+    return nibbles_pre(xc);
+}
+
+fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
+    let q = wq((row_byte >> 4u) + c);
+    var s = 0.0;
+    for (var k = 0u; k < 4u; k++) {
+        s += dot(lo4_placed(q[k]), xp[k]) + dot(hi4_placed(q[k]), xp[k + 4u]);
+    }
+    let dm = q4_1_dm(row_byte, c);
+    return s * dm.x + xs * dm.y;
+}

@@ -44,6 +44,33 @@ fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
     return dm.x * sm.x * acc - dm.y * sm.y * xs;
 }
 
+// `wdot32` on activations from `x_pre`, the nibbles read in place (common/bytes.wgsl):
+// the low ones of an even chunk, the high ones of an odd chunk, whose top one is
+// shifted down to bit 24 like the low one (hence `PLACE_HI4K`).
+const PLACE_HI4K = vec4<f32>(1.0 / 16.0, 1.0 / 4096.0, 1.0 / 1048576.0, 1.0 / 16777216.0);
+
+fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
+    return x_times(xc, select(PLACE_LO4, PLACE_HI4K, (c & 1u) == 1u));
+}
+
+fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
+    let s = c & 7u;
+    let bq = q4k_block(row_byte, c);
+    let h = wq(bq);
+    let dm = unpack2x16float(h.x);
+    let sm = k4_scale_min(h.y, h.z, h.w, s);
+    let q = wq8(bq + 1u + (s >> 1u) * 2u);
+    let sh = (s & 1u) * 4u;
+    let m = vec3<u32>(0xfu, 0xf00u, 0xf0000u) << vec3<u32>(sh);
+    var acc = 0.0;
+    for (var k = 0u; k < 8u; k++) {
+        let v = q[k];
+        let f = vec4<u32>(v & m.x, v & m.y, v & m.z, (v >> sh) & 0xf000000u);
+        acc += dot(vec4<f32>(vec4<i32>(f)), xp[k]);
+    }
+    return dm.x * sm.x * acc - dm.y * sm.y * xs;
+}
+
 // Chunks 2 c2 and 2 c2 + 1 are the low and high nibbles of the same 32 bytes: one
 // load of them, the header and the scales serves both.
 fn wdot64(

@@ -47,6 +47,29 @@ fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
     return dm.x * sm.x * acc - dm.y * sm.y * xs;
 }
 
+// `wdot32` on activations from `x_pre`, the five-bit quants read in place in their
+// bytes (common/bytes.wgsl).
+fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
+    return x_times(xc, PLACE_BYTES);
+}
+
+fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
+    let s = c & 7u;
+    let bq = q5k_block(row_byte, c);
+    let hd = wq(bq);
+    let dm = unpack2x16float(hd.x);
+    let sm = k4_scale_min(hd.y, hd.z, hd.w, s);
+    let qh = wq8(bq + 1u);
+    let qs = wq8(bq + 3u + (s >> 1u) * 2u);
+    let sh = (s & 1u) * 4u;
+    var acc = 0.0;
+    for (var k = 0u; k < 8u; k++) {
+        let q = ((qs[k] >> sh) & 0x0f0f0f0fu) | (((qh[k] >> s) & 0x01010101u) << 4u);
+        acc += dot(bytes_placed(q), xp[k]);
+    }
+    return dm.x * sm.x * acc - dm.y * sm.y * xs;
+}
+
 // Chunks 2 c2 and 2 c2 + 1 share their 32 bytes of nibbles and the fifth-bit words:
 // one load of them, the header and the scales serves both.
 fn wdot64(

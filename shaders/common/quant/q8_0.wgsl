@@ -16,12 +16,17 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     return o;
 }
 
-// sum_j q_j d x_j = d sum_j q_j x_j: the scale leaves the inner sum.
+// sum_j q_j d x_j = d sum_j q_j x_j: the scale leaves the inner sum. Each quant is
+// moved to its word's top byte, where it reads as q * 2^24 with its sign (one or two
+// operations, against two and a sign extension to extract it); the power leaves the
+// sum with the scale, and the sum is bit for bit that of the quants themselves.
 fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let q = wq8((row_byte >> 4u) + c * 2u);
     var s = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        s += dot(i8x4(q[k]), xc[k]);
+        let v = q[k];
+        let top = vec4<u32>(v << 24u, (v << 16u) & 0xff000000u, (v << 8u) & 0xff000000u, v & 0xff000000u);
+        s += dot(vec4<f32>(vec4<i32>(top)), xc[k]);
     }
-    return s * q8_0_d(row_byte, c);
+    return s * (q8_0_d(row_byte, c) * (1.0 / 16777216.0));
 }
