@@ -35,7 +35,7 @@ const ROWS: u32 = 64u;
 fn wg_rows() -> u32 {
     return ROWS;
 }
-// Single tokens walk chunk pairs (`wdot64`): for types whose neighbouring chunks share
+// Single tokens walk chunk pairs (`wdot64_pre`): for types whose neighbouring chunks share
 // words (Q4_K's and Q5_K's paired nibbles, Q6_K's high bits and scales); others walk
 // single chunks, which keeps more lanes busy on short rows.
 override PAIRED: bool = false;
@@ -127,13 +127,16 @@ fn main(
         var acc = array<f32, ROWS>();
         for (var c2 = pairs.x; c2 < pairs.y; c2 += pairs.z) {
             // One token: the decoders' own dot products, with scales outside the sum,
-            // two chunks at a time (K-quants share words between neighbouring chunks).
+            // two chunks at a time (K-quants share words between neighbouring chunks),
+            // their quants read in place (`x_pre`, common/bytes.wgsl).
             let xa = x_chunk(first, t, 2u * c2);
             let xb = x_chunk(first, t, 2u * c2 + 1u);
             let sa = x_sum(xa);
             let sb = x_sum(xb);
+            let pa = x_pre(xa, 2u * c2);
+            let pb = x_pre(xb, 2u * c2 + 1u);
             for (var i = 0u; i < nr; i++) {
-                acc[i] += wdot64((r0 + i) * p.row_bytes, c2, xa, xb, sa, sb);
+                acc[i] += wdot64_pre((r0 + i) * p.row_bytes, c2, pa, pb, sa, sb);
             }
         }
         // The chunks not walked in pairs (all of them unless PAIRED; an odd last one),

@@ -18,17 +18,8 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     return o;
 }
 
-// sum_j (q_j - 8) d x_j = d (sum_j q_j x_j - 8 xs).
-fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
-    let q = wq((row_byte >> 4u) + c);
-    var s = 0.0;
-    for (var k = 0u; k < 4u; k++) {
-        s += dot(lo4(q[k]), xc[k]) + dot(hi4(q[k]), xc[k + 4u]);
-    }
-    return (s - 8.0 * xs) * q4_0_d(row_byte, c);
-}
-
-// `wdot32` on activations from `x_pre`, the nibbles read in place (common/bytes.wgsl).
+// sum_j (q_j - 8) d x_j = d (sum_j q_j x_j - 8 xs), on activations from `x_pre`, the
+// nibbles read in place (common/bytes.wgsl).
 fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
     return nibbles_pre(xc);
 }

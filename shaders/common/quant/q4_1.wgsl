@@ -16,18 +16,8 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     );
 }
 
-// sum_j (q_j d + m) x_j = d sum_j q_j x_j + m xs.
-fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
-    let q = wq((row_byte >> 4u) + c);
-    var s = 0.0;
-    for (var k = 0u; k < 4u; k++) {
-        s += dot(lo4(q[k]), xc[k]) + dot(hi4(q[k]), xc[k + 4u]);
-    }
-    let dm = q4_1_dm(row_byte, c);
-    return s * dm.x + xs * dm.y;
-}
-
-// `wdot32` on activations from `x_pre`, the nibbles read in place (common/bytes.wgsl).
+// sum_j (q_j d + m) x_j = d sum_j q_j x_j + m xs, on activations from `x_pre`, the
+// nibbles read in place (common/bytes.wgsl).
 fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
     return nibbles_pre(xc);
 }

@@ -28,25 +28,10 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     return o;
 }
 
-// sum_j (dl q_j - ml) x_j = dl sum_j q_j x_j - ml xs.
-fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
-    let s = c & 7u;
-    let bq = q4k_block(row_byte, c);
-    let h = wq(bq);
-    let dm = unpack2x16float(h.x);
-    let sm = k4_scale_min(h.y, h.z, h.w, s);
-    let q = wq8(bq + 1u + (s >> 1u) * 2u);
-    let sh = (s & 1u) * 4u;
-    var acc = 0.0;
-    for (var k = 0u; k < 8u; k++) {
-        acc += dot(u8x4((q[k] >> sh) & 0x0f0f0f0fu), xc[k]);
-    }
-    return dm.x * sm.x * acc - dm.y * sm.y * xs;
-}
-
-// `wdot32` on activations from `x_pre`, the nibbles read in place (common/bytes.wgsl):
-// the low ones of an even chunk, the high ones of an odd chunk, whose top one is
-// shifted down to bit 24 like the low one (hence `PLACE_HI4K`).
+// sum_j (dl q_j - ml) x_j = dl sum_j q_j x_j - ml xs, on activations from `x_pre`, the
+// nibbles read in place (common/bytes.wgsl): the low ones of an even chunk, the high
+// ones of an odd chunk, whose top one is shifted down to bit 24 like the low one (hence
+// `PLACE_HI4K`).
 const PLACE_HI4K = vec4<f32>(1.0 / 16.0, 1.0 / 4096.0, 1.0 / 1048576.0, 1.0 / 16777216.0);
 
 fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
@@ -72,8 +57,8 @@ fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
 }
 
 // Chunks 2 c2 and 2 c2 + 1 are the low and high nibbles of the same 32 bytes: one
-// load of them, the header and the scales serves both.
-fn wdot64(
+// load of them, the header and the scales serves both. Activations from `x_pre`.
+fn wdot64_pre(
     row_byte: u32,
     c2: u32,
     xa: array<vec4<f32>, 8>,
@@ -91,8 +76,11 @@ fn wdot64(
     var a = 0.0;
     var b = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        a += dot(u8x4(q[k] & 0x0f0f0f0fu), xa[k]);
-        b += dot(u8x4((q[k] >> 4u) & 0x0f0f0f0fu), xb[k]);
+        let v = q[k];
+        let lo = vec4<u32>(v & 0xfu, v & 0xf00u, v & 0xf0000u, v & 0xf000000u);
+        let hi = vec4<u32>(v & 0xf0u, v & 0xf000u, v & 0xf00000u, (v >> 4u) & 0xf000000u);
+        a += dot(vec4<f32>(vec4<i32>(lo)), xa[k]);
+        b += dot(vec4<f32>(vec4<i32>(hi)), xb[k]);
     }
     return dm.x * (ma.x * a + mb.x * b) - dm.y * (ma.y * sa + mb.y * sb);
 }

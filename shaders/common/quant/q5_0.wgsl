@@ -23,20 +23,8 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     return o;
 }
 
-// sum_j (q_j - 16) d x_j = d (sum_j q_j x_j - 16 xs).
-fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
-    let qh = q5_0_qh(row_byte, c);
-    let q = wq((row_byte >> 4u) + c);
-    var s = 0.0;
-    for (var k = 0u; k < 4u; k++) {
-        s += dot(q5_lo(q[k], qh, 4u * k), xc[k]);
-        s += dot(q5_hi(q[k], qh, 16u + 4u * k), xc[k + 4u]);
-    }
-    return (s - 16.0 * xs) * q5_0_d(row_byte, c);
-}
-
-// `wdot32` on activations from `x_pre`, the five-bit quants read in place in their
-// bytes (common/bytes.wgsl).
+// sum_j (q_j - 16) d x_j = d (sum_j q_j x_j - 16 xs), on activations from `x_pre`, the
+// five-bit quants read in place in their bytes (common/bytes.wgsl).
 fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
     return x_times(xc, PLACE_BYTES);
 }

@@ -29,26 +29,8 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     return o;
 }
 
-// sum_j (dl q_j - ml) x_j = dl sum_j q_j x_j - ml xs.
-fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
-    let s = c & 7u;
-    let bq = q5k_block(row_byte, c);
-    let hd = wq(bq);
-    let dm = unpack2x16float(hd.x);
-    let sm = k4_scale_min(hd.y, hd.z, hd.w, s);
-    let qh = wq8(bq + 1u);
-    let qs = wq8(bq + 3u + (s >> 1u) * 2u);
-    let sh = (s & 1u) * 4u;
-    var acc = 0.0;
-    for (var k = 0u; k < 8u; k++) {
-        let q = ((qs[k] >> sh) & 0x0f0f0f0fu) | (((qh[k] >> s) & 0x01010101u) << 4u);
-        acc += dot(u8x4(q), xc[k]);
-    }
-    return dm.x * sm.x * acc - dm.y * sm.y * xs;
-}
-
-// `wdot32` on activations from `x_pre`, the five-bit quants read in place in their
-// bytes (common/bytes.wgsl).
+// sum_j (dl q_j - ml) x_j = dl sum_j q_j x_j - ml xs, on activations from `x_pre`, the
+// five-bit quants read in place in their bytes (common/bytes.wgsl).
 fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
     return x_times(xc, PLACE_BYTES);
 }
@@ -71,8 +53,8 @@ fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
 }
 
 // Chunks 2 c2 and 2 c2 + 1 share their 32 bytes of nibbles and the fifth-bit words:
-// one load of them, the header and the scales serves both.
-fn wdot64(
+// one load of them, the header and the scales serves both. Activations from `x_pre`.
+fn wdot64_pre(
     row_byte: u32,
     c2: u32,
     xa: array<vec4<f32>, 8>,
@@ -93,8 +75,8 @@ fn wdot64(
     for (var k = 0u; k < 8u; k++) {
         let q = qs[k];
         let h = qh[k] >> s;
-        a += dot(u8x4((q & 0x0f0f0f0fu) | ((h & 0x01010101u) << 4u)), xa[k]);
-        b += dot(u8x4(((q >> 4u) & 0x0f0f0f0fu) | ((h & 0x02020202u) << 3u)), xb[k]);
+        a += dot(bytes_placed((q & 0x0f0f0f0fu) | ((h & 0x01010101u) << 4u)), xa[k]);
+        b += dot(bytes_placed(((q >> 4u) & 0x0f0f0f0fu) | ((h & 0x02020202u) << 3u)), xb[k]);
     }
     return dm.x * (ma.x * a + mb.x * b) - dm.y * (ma.y * sa + mb.y * sb);
 }

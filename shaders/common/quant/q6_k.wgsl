@@ -49,48 +49,56 @@ fn decode32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     return o;
 }
 
+// The six-bit quants read in place in their bytes (common/bytes.wgsl).
+fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
+    return x_times(xc, PLACE_BYTES);
+}
+
 // Per 16-value half h of the chunk: d sc_h sum_j (q_j - 32) x_j
-// = d sc_h (sum_j q_j x_j - 32 xs_h).
-fn wdot32(row_byte: u32, c: u32, xc: array<vec4<f32>, 8>, xs: f32) -> f32 {
+// = d sc_h (sum_j q_j x_j - 32 xs_h), on activations from `x_pre`.
+fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let s = c & 7u;
     let n = s >> 2u;
     let bq = q6k_block(row_byte, c);
     let ql = wq8(bq + n * 4u + (s & 1u) * 2u);
     let qh = wq8(bq + 8u + n * 2u);
-    let a = q6k_halves(ql, qh, ((s >> 1u) & 1u) * 4u, (s & 3u) * 2u, xc);
+    let a = q6k_halves(ql, qh, ((s >> 1u) & 1u) * 4u, (s & 3u) * 2u, xp);
     let sc = i8x4(wu((bq + 12u) * 4u + (s >> 1u)) >> ((s & 1u) * 16u)).xy;
-    return q6k_d(row_byte, c) * dot(sc, q6k_centre(a, xc, xs));
+    return q6k_d(row_byte, c) * dot(sc, q6k_centre(a, xp, xs));
 }
 
 // sum_j q_j x_j over each 16-value half of a chunk, its quants taken from its low-bit
-// words `ql` (nibble at sl) and high-bit words `qh` (bits at sh).
+// words `ql` (nibble at sl) and high-bit words `qh` (bits at sh); activations from
+// `x_pre`.
 fn q6k_halves(
     ql: array<u32, 8>,
     qh: array<u32, 8>,
     sl: u32,
     sh: u32,
-    xc: array<vec4<f32>, 8>,
+    xp: array<vec4<f32>, 8>,
 ) -> vec2<f32> {
     var a = vec2<f32>();
     for (var k = 0u; k < 8u; k++) {
         let q = ((ql[k] >> sl) & 0x0f0f0f0fu) | (((qh[k] >> sh) & 0x03030303u) << 4u);
-        let v = dot(u8x4(q), xc[k]);
+        let v = dot(bytes_placed(q), xp[k]);
         a += select(vec2<f32>(0.0, v), vec2<f32>(v, 0.0), k < 4u);
     }
     return a;
 }
 
 // The halves' sums of (q_j - 32) x_j from those of q_j x_j (`a`): minus 32 times each
-// half's activation sum (`xs` the chunk's).
-fn q6k_centre(a: vec2<f32>, xc: array<vec4<f32>, 8>, xs: f32) -> vec2<f32> {
-    let x4 = xc[0] + xc[1] + xc[2] + xc[3];
+// half's activation sum (`xs` the chunk's; the first half's from the activations
+// `x_pre` left, scaled back exactly, by powers of two).
+fn q6k_centre(a: vec2<f32>, xp: array<vec4<f32>, 8>, xs: f32) -> vec2<f32> {
+    let x4 = (xp[0] + xp[1] + xp[2] + xp[3]) / PLACE_BYTES;
     let xs0 = x4.x + x4.y + x4.z + x4.w;
     return a - 32.0 * vec2<f32>(xs0, xs - xs0);
 }
 
 // Chunks s and s + 1 (s even) share their high bits' words, their scales' word and d:
 // loaded once, the pair takes 6 vec4 loads and 2 words instead of 8 and 4.
-fn wdot64(
+// Activations from `x_pre`.
+fn wdot64_pre(
     row_byte: u32,
     c2: u32,
     xa: array<vec4<f32>, 8>,
