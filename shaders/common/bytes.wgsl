@@ -143,12 +143,26 @@ fn nibbles_pre(xc: array<vec4<f32>, 8>) -> array<vec4<f32>, 8> {
     );
 }
 
-// `q5_lo` and `q5_hi` in place (factors `PLACE_BYTES`).
-fn q5_lo_placed(v: u32, qh: u32, j: u32) -> vec4<f32> {
-    return bytes_placed((v & 0x0f0f0f0fu) | bit4x4(qh, j));
+// sum_j q_j x_j over a chunk of Q4_0 or Q4_1: its 16 bytes of nibbles `q` read in
+// place, the activations from `nibbles_pre`.
+fn nibbles_dot(q: vec4<u32>, xp: array<vec4<f32>, 8>) -> f32 {
+    var s = 0.0;
+    for (var k = 0u; k < 4u; k++) {
+        s += dot(lo4_placed(q[k]), xp[k]) + dot(hi4_placed(q[k]), xp[k + 4u]);
+    }
+    return s;
 }
-fn q5_hi_placed(v: u32, qh: u32, j: u32) -> vec4<f32> {
-    return bytes_placed(((v >> 4u) & 0x0f0f0f0fu) | bit4x4(qh, j));
+
+// sum_j q_j x_j over a chunk of Q5_0 or Q5_1: nibbles `q` and fifth bits `qh` joined
+// in their bytes (`q5_lo`, `q5_hi`) and read in place, the activations times
+// `PLACE_BYTES`.
+fn q5_dot(q: vec4<u32>, qh: u32, xp: array<vec4<f32>, 8>) -> f32 {
+    var s = 0.0;
+    for (var k = 0u; k < 4u; k++) {
+        s += dot(bytes_placed((q[k] & 0x0f0f0f0fu) | bit4x4(qh, 4u * k)), xp[k]);
+        s += dot(bytes_placed(((q[k] >> 4u) & 0x0f0f0f0fu) | bit4x4(qh, 16u + 4u * k)), xp[k + 4u]);
+    }
+    return s;
 }
 
 // The 8 words of the two aligned vec4s from vec4 index `i` (16-byte aligned fields).

@@ -23,11 +23,7 @@ fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
 }
 
 fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
-    let q = wq((row_byte >> 4u) + c);
-    var s = 0.0;
-    for (var k = 0u; k < 4u; k++) {
-        s += dot(lo4_placed(q[k]), xp[k]) + dot(hi4_placed(q[k]), xp[k + 4u]);
-    }
+    let s = nibbles_dot(wq((row_byte >> 4u) + c), xp);
     let dm = q4_1_dm(row_byte, c);
     return s * dm.x + xs * dm.y;
 }

@@ -30,13 +30,7 @@ fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
 }
 
 fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
-    let qh = q5_1_qh(row_byte, c);
-    let q = wq((row_byte >> 4u) + c);
-    var s = 0.0;
-    for (var k = 0u; k < 4u; k++) {
-        s += dot(q5_lo_placed(q[k], qh, 4u * k), xp[k]);
-        s += dot(q5_hi_placed(q[k], qh, 16u + 4u * k), xp[k + 4u]);
-    }
+    let s = q5_dot(wq((row_byte >> 4u) + c), q5_1_qh(row_byte, c), xp);
     let dm = q5_1_dm(row_byte, c);
     return s * dm.x + xs * dm.y;
 }
