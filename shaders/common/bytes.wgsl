@@ -106,8 +106,8 @@ fn q5_hi(v: u32, qh: u32, j: u32) -> vec4<f32> {
 // activation exactly, and the sums are bit for bit those of extracted fields. A mask
 // is one operation per field where extracting a field takes two or three (shift, mask,
 // sign extension), and the unpacking is most of a single token's arithmetic on
-// CPU-hosted drivers (docs/perf.md). A word's top field is shifted down instead (in
-// place it could read as negative), so its power is that of its lowest bit less 24.
+// CPU-hosted drivers (docs/perf.md). A field that reaches bit 31 is shifted down to
+// bit 0 instead (in place it would read as negative), its power then 1.
 
 // The four bytes of `v` in place (factors `PLACE_BYTES`).
 fn bytes_placed(v: u32) -> vec4<f32> {
