@@ -98,11 +98,11 @@ fn q5_hi(v: u32, qh: u32, j: u32) -> vec4<f32> {
     return u8x4(((v >> 4u) & 0x0f0f0f0fu) | bit4x4(qh, j));
 }
 
-// Fields read where they sit ("in place"), for the single-token products' dots
-// (`wdot32_pre`, ops/mul_mat_ks1.wgsl). A field masked in its word is the field times
-// two to the power of its lowest bit, an integer exact in f32 (at most 8 significant
-// bits); dotted with activations divided by those powers beforehand (`x_pre`, once
-// per token instead of once per row), each product is the field's times its
+// Fields read where they sit ("in place"), for the products' dots (`wdot32_pre`,
+// `wdot64_pre`). A field masked in its word is the field times two to the power of its
+// lowest bit, an integer exact in f32 (at most 8 significant bits); dotted with
+// activations divided by those powers beforehand (`x_pre`, once per chunk of
+// activations a kernel loads, not once per row), each product is the field's times its
 // activation exactly, and the sums are bit for bit those of extracted fields. A mask
 // is one operation per field where extracting a field takes two or three (shift, mask,
 // sign extension), and the unpacking is most of a single token's arithmetic on

@@ -64,14 +64,16 @@ fn glu_pair(r0: u32) -> u32 {
     return r0 / 2u;
 }
 
-// Chunk c of the four rows dotted with the activations `xc`.
+// Chunk c of the four rows dotted with the activations `xc`, made ready for the weight
+// type's dot once for the four (`x_pre`, common/bytes.wgsl).
 fn dot4(rb: vec4<u32>, c: u32, xc: array<vec4<f32>, 8>) -> vec4<f32> {
     let xs = x_sum(xc);
+    let xp = x_pre(xc, c);
     return vec4<f32>(
-        wdot32(rb.x, c, xc, xs),
-        wdot32(rb.y, c, xc, xs),
-        wdot32(rb.z, c, xc, xs),
-        wdot32(rb.w, c, xc, xs),
+        wdot32_pre(rb.x, c, xp, xs),
+        wdot32_pre(rb.y, c, xp, xs),
+        wdot32_pre(rb.z, c, xp, xs),
+        wdot32_pre(rb.w, c, xp, xs),
     );
 }
 

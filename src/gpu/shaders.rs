@@ -47,15 +47,13 @@ const ROPE_APPEND: &str = concat!(
 );
 /// The same reductions for workgroups of one subgroup (the `_sg` kernels).
 const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
-/// `wdot32` from `decode32` and `wdot64_pre` from `wdot32_pre`, for decoders without
-/// their own.
+/// `wdot32` from `decode32` (for `DOT32_PRE_GENERIC`) and `wdot64_pre` from
+/// `wdot32_pre`, for decoders without their own.
 const DOT32_GENERIC: &str = wgsl!("common/quant/dot32_generic.wgsl");
 const DOT64_GENERIC: &str = wgsl!("common/quant/dot64_generic.wgsl");
-/// `x_pre` and `wdot32_pre` from `wdot32` (single tokens' dots with quants read in
-/// place, common/bytes.wgsl), for decoders without their own; and `wdot32` from them,
-/// for decoders with only those.
+/// `x_pre` and `wdot32_pre` (the products' dots with quants read in place,
+/// common/bytes.wgsl) from `wdot32`, for decoders without their own.
 const DOT32_PRE_GENERIC: &str = wgsl!("common/quant/dot32_pre_generic.wgsl");
-const DOT32_FROM_PRE: &str = wgsl!("common/quant/dot32_from_pre.wgsl");
 
 /// Tokens per tile of the attention kernels: one for single-token steps, four for
 /// batches (a private array's size must be a constant, not an override).
@@ -472,11 +470,11 @@ pub fn quant_source_as(name: &str, ty: GgmlType, form: Form) -> Result<String> {
     let mut parts = vec![STEP, BYTES];
     parts.extend_from_slice(dec);
     let has = |f: &str| dec.iter().any(|d| d.contains(f));
-    match (has("fn wdot32("), has("fn wdot32_pre(")) {
-        (true, true) => {}
-        (true, false) => parts.push(DOT32_PRE_GENERIC),
-        (false, true) => parts.push(DOT32_FROM_PRE),
-        (false, false) => parts.extend([DOT32_GENERIC, DOT32_PRE_GENERIC]),
+    if !has("fn wdot32_pre(") {
+        if !has("fn wdot32(") {
+            parts.push(DOT32_GENERIC);
+        }
+        parts.push(DOT32_PRE_GENERIC);
     }
     if !has("fn wdot64_pre(") {
         parts.push(DOT64_GENERIC);

@@ -38,6 +38,12 @@ fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
     return x_times(xc, select(PLACE_LO4, PLACE_HI4K, (c & 1u) == 1u));
 }
 
+// The low (sh 0) or high (sh 4) nibbles of the four bytes of `v`, in place.
+fn k4_placed(v: u32, sh: u32) -> vec4<f32> {
+    let m = vec3<u32>(0xfu, 0xf00u, 0xf0000u) << vec3<u32>(sh);
+    return vec4<f32>(vec4<i32>(vec4<u32>(v & m.x, v & m.y, v & m.z, (v >> sh) & 0xf000000u)));
+}
+
 fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let s = c & 7u;
     let bq = q4k_block(row_byte, c);
@@ -46,12 +52,9 @@ fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let sm = k4_scale_min(h.y, h.z, h.w, s);
     let q = wq8(bq + 1u + (s >> 1u) * 2u);
     let sh = (s & 1u) * 4u;
-    let m = vec3<u32>(0xfu, 0xf00u, 0xf0000u) << vec3<u32>(sh);
     var acc = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        let v = q[k];
-        let f = vec4<u32>(v & m.x, v & m.y, v & m.z, (v >> sh) & 0xf000000u);
-        acc += dot(vec4<f32>(vec4<i32>(f)), xp[k]);
+        acc += dot(k4_placed(q[k], sh), xp[k]);
     }
     return dm.x * sm.x * acc - dm.y * sm.y * xs;
 }
@@ -76,11 +79,8 @@ fn wdot64_pre(
     var a = 0.0;
     var b = 0.0;
     for (var k = 0u; k < 8u; k++) {
-        let v = q[k];
-        let lo = vec4<u32>(v & 0xfu, v & 0xf00u, v & 0xf0000u, v & 0xf000000u);
-        let hi = vec4<u32>(v & 0xf0u, v & 0xf000u, v & 0xf00000u, (v >> 4u) & 0xf000000u);
-        a += dot(vec4<f32>(vec4<i32>(lo)), xa[k]);
-        b += dot(vec4<f32>(vec4<i32>(hi)), xb[k]);
+        a += dot(k4_placed(q[k], 0u), xa[k]);
+        b += dot(k4_placed(q[k], 4u), xb[k]);
     }
     return dm.x * (ma.x * a + mb.x * b) - dm.y * (ma.y * sa + mb.y * sb);
 }
