@@ -48,7 +48,7 @@ impl Default for SamplingParams {
 }
 
 /// A candidate token: (id, logit).
-type Cand = (u32, f32);
+pub type Cand = (u32, f32);
 
 /// Stateful sampler: owns the random stream and a scratch buffer reused between calls
 /// (a 262144-entry vocabulary makes a 2 MiB candidate list; allocating it per token is waste).
@@ -80,6 +80,26 @@ impl Sampler {
         (p.temperature.is_nan() || p.temperature <= 0.0) && !penalises(p)
     }
 
+    /// The k of this sampler's top-k when its pick depends on the k best logits alone
+    /// (no penalty changes a logit before the cut, and it is not greedy): a step may
+    /// then return just those ([`crate::session::Keep::TopK`], chosen on the device)
+    /// for [`Sampler::sample_best`].
+    pub fn draws_from_top_k(&self) -> Option<u32> {
+        let p = &self.params;
+        let greedy = p.temperature.is_nan() || p.temperature <= 0.0;
+        (!greedy && !penalises(p) && p.top_k > 0).then_some(p.top_k)
+    }
+
+    /// [`Sampler::sample`] given only the k best candidates of logits over more than k
+    /// tokens, best first ([`top_k`] of them), for a sampler whose
+    /// [`Sampler::draws_from_top_k`] is that k: the same token, and the same draw from
+    /// the random stream.
+    pub fn sample_best(&mut self, best: &[Cand]) -> u32 {
+        self.cands.clear();
+        self.cands.extend_from_slice(best);
+        self.draw_from_best()
+    }
+
     /// Picks the next token. `history` holds the tokens seen so far (prompt and output),
     /// oldest first. Empty logits give 0; NaN logits count as -inf; if every logit is
     /// -inf the result is 0.
@@ -96,10 +116,7 @@ impl Sampler {
             }
             if k > 0 && k < logits.len() {
                 top_k_into(logits, k, &mut self.cands);
-                if self.cands[0].1 == f32::NEG_INFINITY {
-                    return self.cands[0].0;
-                }
-                return self.cut_and_draw(k);
+                return self.draw_from_best();
             }
         }
         self.sample_listing_all(logits, history)
@@ -138,6 +155,16 @@ impl Sampler {
         self.cut_and_draw(sorted)
     }
 
+    /// The draw over the candidates when they are the k best, in order.
+    fn draw_from_best(&mut self) -> u32 {
+        match self.cands.first() {
+            None => 0,
+            // No finite logit: there is no distribution to draw from.
+            Some(&(id, l)) if l == f32::NEG_INFINITY => id,
+            Some(_) => self.cut_and_draw(self.cands.len()),
+        }
+    }
+
     /// Top-p, min-p and the draw over the candidates, whose first `sorted` are the best
     /// ones in order.
     fn cut_and_draw(&mut self, sorted: usize) -> u32 {
@@ -166,7 +193,8 @@ fn top_k_into(logits: &[f32], k: usize, out: &mut Vec<Cand>) {
     let mut floor: Option<f32> = None;
     for (i, &l) in logits.iter().enumerate() {
         let l = sanitize(l);
-        if floor.is_some_and(|f| l <= f) {
+        // In the candidates' order (`total_cmp`: -0 ranks below +0), not IEEE's.
+        if floor.is_some_and(|f| l.total_cmp(&f).is_le()) {
             continue;
         }
         out.push((i as u32, l));
@@ -183,9 +211,33 @@ fn top_k_into(logits: &[f32], k: usize, out: &mut Vec<Cand>) {
     out.sort_unstable_by(by_desc);
 }
 
+/// The `k` best of `logits`, sanitised and best first: descending logit, ties to the
+/// lower id (all of them when `k` is not below their count).
+pub fn top_k(logits: &[f32], k: usize) -> Vec<Cand> {
+    let mut out = Vec::new();
+    if k > 0 && k < logits.len() {
+        top_k_into(logits, k, &mut out);
+    } else {
+        out.extend(
+            logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, sanitize(l))),
+        );
+        out.sort_unstable_by(by_desc);
+    }
+    out
+}
+
+/// Sorts `cands` best first, in [`top_k`]'s order, and keeps the best `k`.
+pub fn keep_best(cands: &mut Vec<Cand>, k: usize) {
+    let m = sort_prefix(cands, 0, k);
+    cands.truncate(m);
+}
+
 /// NaN carries no ranking information; treat it as impossible. +inf is clamped to the
 /// largest finite value so that differences against it stay finite.
-fn sanitize(l: f32) -> f32 {
+pub fn sanitize(l: f32) -> f32 {
     if l.is_nan() {
         f32::NEG_INFINITY
     } else {
@@ -532,13 +584,13 @@ mod tests {
         // vocabularies around the top-k sizes; the same seed on both paths.
         let mut gen = Xoshiro256::seed_from(11);
         let mut pick = |n: u64| (gen.next_u64() % n) as usize;
-        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY];
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0];
         for case in 0..300 {
             let n = 1 + pick(300);
             let levels = 1 + pick(8) as u64;
             let logits: Vec<f32> = (0..n)
                 .map(|_| match pick(20) {
-                    0 => specials[pick(3)],
+                    0 => specials[pick(5)],
                     _ => pick(levels) as f32 * 0.7 - 2.0,
                 })
                 .collect();
@@ -558,6 +610,63 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A step that keeps only the k best logits (chosen on a device: a superset in any
+    /// order, cut back by `keep_best`) samples what the whole vocabulary does, draw for
+    /// draw.
+    #[test]
+    fn the_best_alone_give_the_tokens_of_the_whole_list() {
+        let mut gen = Xoshiro256::seed_from(12);
+        let mut pick = |n: u64| (gen.next_u64() % n) as usize;
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0];
+        let mut checked = 0;
+        for case in 0..300 {
+            let n = 2 + pick(400);
+            let levels = 1 + pick(12) as u64;
+            let logits: Vec<f32> = (0..n)
+                .map(|_| match pick(16) {
+                    0 => specials[pick(5)],
+                    _ => pick(levels) as f32 * 0.9 - 3.0,
+                })
+                .collect();
+            let mut p = params(
+                [0.0, 0.4, 1.0, 3.0][case % 4],
+                [1, 2, 7, 40, 500][pick(5)],
+                [1.0, 0.95, 0.6][pick(3)],
+                [0.0, 0.05, 0.4][pick(3)],
+            );
+            p.seed = case as u64;
+            if case % 7 == 0 {
+                p.repeat_penalty = 1.3; // penalised: never kept to the best alone
+            }
+            let whole = Sampler::new(p.clone());
+            let Some(k) = whole.draws_from_top_k().map(|k| k as usize) else {
+                assert!(p.temperature <= 0.0 || p.repeat_penalty != 1.0);
+                continue;
+            };
+            if k >= n {
+                continue;
+            }
+            // A device's list: every logit at or above some floor, shuffled.
+            let extra = pick(5);
+            let mut found = top_k(&logits, (k + extra).min(n));
+            for i in (1..found.len()).rev() {
+                found.swap(i, pick(i as u64 + 1));
+            }
+            keep_best(&mut found, k);
+            assert_eq!(found, top_k(&logits, k), "case {case}");
+            let (mut whole, mut best) = (whole, Sampler::new(p));
+            for _ in 0..10 {
+                assert_eq!(
+                    best.sample_best(&found),
+                    whole.sample(&logits, &[]),
+                    "case {case}: n {n}, k {k}: {logits:?}"
+                );
+            }
+            checked += 1;
+        }
+        assert!(checked > 100, "{checked} cases drew from their best");
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use crate::model::gpu_backend::Logits;
 use crate::model::Config;
-use crate::sampling::Sampler;
+use crate::sampling::{Cand, Sampler};
 use crate::{Error, Result};
 
 /// Something that runs the model forward: the whole model on the GPU, on the CPU, or
@@ -26,6 +26,15 @@ pub trait Engine: Send {
             pos,
             Logits::Last,
         )?))
+    }
+    /// Run `tokens` at positions `pos..` and return the `k` best candidates of the last
+    /// token's logits, best first ([`crate::sampling::top_k`]). Engines whose output
+    /// layer runs on a GPU choose them there and read back a few hundred words.
+    fn step_top_k(&mut self, tokens: &[u32], pos: u32, k: u32) -> Result<Vec<Cand>> {
+        Ok(crate::sampling::top_k(
+            &self.step(tokens, pos, Logits::Last)?,
+            k as usize,
+        ))
     }
     /// Where the model runs, for people: [`CPU_DEVICE`], or the GPU layers and the
     /// adapter.
@@ -77,6 +86,10 @@ impl Engine for crate::model::gpu_backend::GpuModel {
         use crate::model::gpu_backend::Input;
         self.step_argmax_io(Input::Tokens(tokens), pos)
     }
+    fn step_top_k(&mut self, tokens: &[u32], pos: u32, k: u32) -> Result<Vec<Cand>> {
+        use crate::model::gpu_backend::Input;
+        self.step_top_k_io(Input::Tokens(tokens), pos, k)
+    }
     fn compiles_for(&self, n: u32, pos: u32) -> bool {
         crate::model::gpu_backend::GpuModel::compiles_for(self, n, pos)
     }
@@ -118,6 +131,35 @@ fn per_second(n: usize, ms: f64) -> f64 {
     }
 }
 
+/// What a step keeps of the model's output for the next pick ([`Session::sample`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Keep {
+    /// Every logit, in [`Session::logits`].
+    #[default]
+    Logits,
+    /// The greedy next token alone, chosen where the output layer runs (on a GPU: no
+    /// logits read back), for samplers that take the argmax
+    /// ([`Sampler::is_plain_greedy`]).
+    Greedy,
+    /// The k best logits alone, chosen where the output layer runs (on a GPU: a few
+    /// hundred words read back instead of every logit), for samplers that draw from
+    /// their top-k ([`Sampler::draws_from_top_k`]).
+    TopK(u32),
+}
+
+impl Keep {
+    /// The least a step over `n_vocab` logits must keep for `sampler`'s picks.
+    pub fn for_sampler(sampler: &Sampler, n_vocab: u32) -> Keep {
+        if sampler.is_plain_greedy() {
+            return Keep::Greedy;
+        }
+        match sampler.draws_from_top_k() {
+            Some(k) if k < n_vocab => Keep::TopK(k),
+            _ => Keep::Logits,
+        }
+    }
+}
+
 pub struct Session {
     pub engine: Box<dyn Engine>,
     /// Tokens held in the KV cache, in order.
@@ -127,12 +169,13 @@ pub struct Session {
     pub timings: Timings,
     /// Batch size for prompt processing.
     pub n_batch: u32,
-    /// Keep only each step's greedy next token, chosen where the output layer runs
-    /// (on a GPU: no logits read back), instead of its logits. For samplers that only
-    /// take the argmax ([`Sampler::is_plain_greedy`]).
-    pub greedy: bool,
-    /// The greedy next token, after a step with `greedy` set.
+    /// What each step keeps for the next pick: set it with [`Keep::for_sampler`] of
+    /// the sampler that [`sample`](Self::sample) is given.
+    pub keep: Keep,
+    /// The greedy next token, after a step that kept only that.
     greedy_next: Option<u32>,
+    /// The k best candidates, after a step that kept only those.
+    best: Vec<Cand>,
 }
 
 impl Session {
@@ -143,8 +186,9 @@ impl Session {
             logits: Vec::new(),
             timings: Timings::default(),
             n_batch: n_batch.max(1),
-            greedy: false,
+            keep: Keep::Logits,
             greedy_next: None,
+            best: Vec::new(),
         }
     }
 
@@ -161,12 +205,14 @@ impl Session {
         self.history.clear();
         self.logits.clear();
         self.greedy_next = None;
+        self.best.clear();
     }
 
     /// Drop cached positions from `n` on (so the next tokens overwrite them).
     pub fn truncate(&mut self, n: u32) {
         self.history.truncate(n as usize);
         self.greedy_next = None;
+        self.best.clear();
     }
 
     /// Tokens per step for steps that return `mode`'s logits: the session's batch, as
@@ -187,9 +233,9 @@ impl Session {
         Ok(())
     }
 
-    /// Process `tokens` (a prompt) in batches; afterwards `self.logits` holds the next-token
-    /// logits, or with [`greedy`](Self::greedy) set only the greedy next token is kept
-    /// (see [`sample`](Self::sample)) and `self.logits` is left empty.
+    /// Process `tokens` (a prompt) in batches; afterwards the session holds what
+    /// [`keep`](Self::keep) says of the next token's logits (see
+    /// [`sample`](Self::sample)): `self.logits` is left empty unless that is all of them.
     pub fn feed(&mut self, tokens: &[u32]) -> Result<()> {
         if tokens.is_empty() {
             return Ok(());
@@ -204,7 +250,12 @@ impl Session {
         let n_chunks = tokens.len().div_ceil(batch);
         for (i, chunk) in tokens.chunks(batch).enumerate() {
             // Only the last chunk's output is sampled from.
-            self.run(chunk, self.greedy && i + 1 == n_chunks)?;
+            let keep = if i + 1 == n_chunks {
+                self.keep
+            } else {
+                Keep::Logits
+            };
+            self.run(chunk, keep)?;
             self.history.extend_from_slice(chunk);
         }
         self.timings.prompt_tokens += tokens.len();
@@ -212,37 +263,39 @@ impl Session {
         Ok(())
     }
 
-    /// Process one generated token; afterwards `self.logits` holds the next logits (with
-    /// [`greedy`](Self::greedy) set: the session keeps the greedy next token instead).
+    /// Process one generated token; afterwards the session holds what
+    /// [`keep`](Self::keep) says of the next token's logits.
     pub fn push(&mut self, token: u32) -> Result<()> {
         self.check_room(1)?;
         let t0 = Instant::now();
-        self.run(&[token], self.greedy)?;
+        self.run(&[token], self.keep)?;
         self.history.push(token);
         self.timings.gen_tokens += 1;
         self.timings.gen_ms += t0.elapsed().as_secs_f64() * 1000.0;
         Ok(())
     }
 
-    /// One step at the end of the history, keeping its logits, or with `greedy` only
-    /// its greedy next token.
-    fn run(&mut self, tokens: &[u32], greedy: bool) -> Result<()> {
+    /// One step at the end of the history, keeping `keep` of its output.
+    fn run(&mut self, tokens: &[u32], keep: Keep) -> Result<()> {
         let pos = self.n_past();
-        if greedy {
-            self.logits.clear();
-            self.greedy_next = Some(self.engine.step_argmax(tokens, pos)?);
-        } else {
-            self.greedy_next = None;
-            self.logits = self.engine.step(tokens, pos, Logits::Last)?;
+        self.logits.clear();
+        self.greedy_next = None;
+        self.best.clear();
+        match keep {
+            Keep::Logits => self.logits = self.engine.step(tokens, pos, Logits::Last)?,
+            Keep::Greedy => self.greedy_next = Some(self.engine.step_argmax(tokens, pos)?),
+            Keep::TopK(k) => self.best = self.engine.step_top_k(tokens, pos, k)?,
         }
         Ok(())
     }
 
-    /// The next token: the greedy one where the last step kept only that, else
-    /// `sampler`'s pick from the logits.
+    /// The next token: the greedy one where the last step kept only that, `sampler`'s
+    /// draw from the best candidates where it kept those, else `sampler`'s pick from
+    /// the logits. `sampler` is the one [`keep`](Self::keep) was set for.
     pub fn sample(&self, sampler: &mut Sampler) -> u32 {
         match self.greedy_next {
             Some(id) => id,
+            None if !self.best.is_empty() => sampler.sample_best(&self.best),
             None => sampler.sample(&self.logits, &self.history),
         }
     }

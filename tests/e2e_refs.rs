@@ -18,7 +18,7 @@ use wgllm::gpu::DeviceOptions;
 use wgllm::model::gpu_backend::Logits;
 use wgllm::model::Config;
 use wgllm::sampling::{argmax, Sampler, SamplingParams};
-use wgllm::session::Session;
+use wgllm::session::{Keep, Session};
 use wgllm::tokenizer::Tokenizer;
 
 fn refs(name: &str) -> Value {
@@ -297,7 +297,7 @@ fn session_greedy_on_the_device_matches_sampling_the_logits() {
             ..Default::default()
         });
         assert!(sampler.is_plain_greedy());
-        s.greedy = greedy;
+        s.keep = if greedy { Keep::Greedy } else { Keep::Logits };
         s.feed(&prompt).expect("feed");
         let mut out = Vec::new();
         for _ in 0..12 {
@@ -311,6 +311,49 @@ fn session_greedy_on_the_device_matches_sampling_the_logits() {
     let (from_logits, n_logits) = generate(false);
     assert_eq!(on_device, from_logits);
     assert_eq!((no_logits, n_logits), (0, m.cfg.n_vocab as usize));
+}
+
+/// A session that keeps only each step's best 40 candidates, chosen on the device
+/// (forced: lavapipe would read every logit back and choose them on the host), samples
+/// what drawing from all its logits does, draw for draw, at temperatures where the
+/// draws spread over many candidates.
+#[test]
+fn session_top_k_on_the_device_matches_sampling_the_logits() {
+    common::contexts();
+    for (file, temperature) in [(SMOL.0, 1.5f32), (GEMMA.0, 0.8)] {
+        let m = open(file);
+        let prompt = m
+            .tok
+            .encode("Once upon a time, in a land far away,", true, false)
+            .expect("encode");
+        let generate = |keep_best: bool| {
+            let device = DeviceOptions {
+                top_k_on_device: true,
+                ..Default::default()
+            };
+            let mut s = Session::new(engine_on(&m, None, device), 4);
+            let mut sampler = Sampler::new(SamplingParams {
+                temperature,
+                seed: 42,
+                ..Default::default()
+            });
+            let keep = Keep::for_sampler(&sampler, m.cfg.n_vocab);
+            assert_eq!(keep, Keep::TopK(40));
+            s.keep = if keep_best { keep } else { Keep::Logits };
+            s.feed(&prompt).expect("feed");
+            let mut out = Vec::new();
+            for _ in 0..24 {
+                let id = s.sample(&mut sampler);
+                out.push(id);
+                s.push(id).expect("push");
+            }
+            (out, s.logits.len())
+        };
+        let (on_device, no_logits) = generate(true);
+        let (from_logits, n_logits) = generate(false);
+        assert_eq!(on_device, from_logits, "{file}");
+        assert_eq!((no_logits, n_logits), (0, m.cfg.n_vocab as usize), "{file}");
+    }
 }
 
 /// A prompt of `n` tokens: the reference prompts' ids, repeated, after the first.

@@ -11,7 +11,7 @@ use wgllm::ops::attention::{self, Attention, AttnTextures, CacheTextures, Chunks
 use wgllm::ops::glu::{self, Activation};
 use wgllm::ops::mul_mat::{self, Columns};
 use wgllm::ops::rope::{Rope, RopeMode};
-use wgllm::ops::{add, argmax, get_rows, kv_store, rms_norm, StepInfo, Store};
+use wgllm::ops::{add, argmax, get_rows, kv_store, rms_norm, top_k, StepInfo, Store};
 use wgllm::quant::{self, GgmlType};
 
 const GPU_TYPES: [GgmlType; 13] = GgmlType::WEIGHT_TYPES;
@@ -532,6 +532,100 @@ fn argmax_matches_the_host() {
                 "{name} on {}",
                 label(ctx)
             );
+        }
+    }
+}
+
+/// Top-k sampling's candidates chosen on the device, cut to the best k, are the host's
+/// top-k of the whole vocabulary: the same ids and values in the same order (ties to
+/// the lower id within and across spans, NaN as -inf, +inf as the largest float, -0
+/// below +0). A list past its slots says so.
+#[test]
+fn top_k_matches_the_host() {
+    const OVERFLOWS: &str = "more logits at the floor than the list holds";
+    let mut cases: Vec<(String, Vec<f32>, Vec<u32>)> = Vec::new();
+    let all_k = [1u32, 2, 40, 128];
+    for (n, seed) in [
+        (128usize, 1u64),
+        (1000, 2),
+        (16_449, 3),
+        (49_152, 4),
+        (262_149, 5),
+    ] {
+        cases.push((
+            format!("random {n}"),
+            Rng::new(seed).vec(n, 30.0),
+            all_k.into(),
+        ));
+    }
+    // Real logits have heavy tails: a few hundred well above the rest.
+    let mut tail = Rng::new(6).vec(262_144, 1.0);
+    for (i, v) in tail.iter_mut().enumerate().step_by(997) {
+        *v += 12.0 + (i % 7) as f32;
+    }
+    cases.push(("a heavy tail".into(), tail, vec![40, 128]));
+    // Few distinct values: ties at the k-th place, within a span and across spans.
+    let mut rng = Rng::new(7);
+    let levels: Vec<f32> = rng
+        .vec(50_000, 1.0)
+        .iter()
+        .map(|v| (v * 2.0).round() + if v.abs() > 0.997 { 10.0 } else { 0.0 })
+        .collect();
+    cases.push(("ties".into(), levels, vec![1, 3, 40, 97]));
+    let mut specials = Rng::new(8).vec(30_000, 1.0);
+    for (i, v) in specials.iter_mut().enumerate() {
+        *v = match i % 11 {
+            0 => f32::NAN,
+            1 => f32::NEG_INFINITY,
+            2 => f32::from_bits(0xffc0_0001), // a negative NaN with a payload
+            _ => *v,
+        };
+    }
+    (specials[100], specials[29_999]) = (f32::INFINITY, f32::INFINITY);
+    cases.push(("NaN and infinities".into(), specials, vec![1, 2, 40]));
+    let mut zeros = vec![-1.0f32; 20_000];
+    for i in (0..20_000).step_by(1_001) {
+        zeros[i] = if i % 2 == 0 { -0.0 } else { 0.0 };
+    }
+    zeros[19_999] = f32::from_bits(1); // the smallest denormal beats +0
+    cases.push(("zeros and a denormal".into(), zeros.clone(), vec![1, 5, 12]));
+    // The floor at -1, where 20000 logits are: more than the list holds.
+    cases.push((OVERFLOWS.into(), zeros, vec![30]));
+    cases.push((OVERFLOWS.into(), vec![f32::NEG_INFINITY; 5000], vec![3]));
+    for ctx in contexts() {
+        for (name, logits, ks) in &cases {
+            let n = logits.len() as u32;
+            for &k in ks {
+                let step = StepInfo::new(0, 1);
+                let sb = step_buffer(ctx, &step);
+                // Guard values larger than most logits: a read past the end would join.
+                let lb = buffer_with_guard(ctx, logits, 4);
+                let spans = top_k::MAX_SPANS as usize;
+                let mb = buffer_with_guard(ctx, &vec![0.0; spans], 4);
+                let fb = buffer_with_guard(ctx, &vec![0.0; top_k::FOUND_WORDS], 4);
+                let passes = top_k::gpu(ctx, &sb, &lb, &mb, &fb, n, k);
+                if !top_k::supports(n, k) {
+                    assert!(passes.is_err(), "top-{k} of {n}");
+                    continue;
+                }
+                run(ctx, &passes.unwrap(), &step);
+                let words: Vec<u32> = read_checked(ctx, &fb, top_k::FOUND_WORDS, 4)
+                    .iter()
+                    .map(|w| w.to_bits())
+                    .collect();
+                let want = wgllm::sampling::top_k(logits, k as usize);
+                let what = format!("{name}, top-{k}, {} found on {}", words[0], label(ctx));
+                match top_k::best(&words, k).unwrap() {
+                    Some(got) => {
+                        assert!(words[0] as usize <= 4 * k as usize + 400, "{what}");
+                        let bits = |c: &[(u32, f32)]| -> Vec<(u32, u32)> {
+                            c.iter().map(|&(i, l)| (i, l.to_bits())).collect()
+                        };
+                        assert_eq!(bits(&got), bits(&want), "{what}");
+                    }
+                    None => assert_eq!(name, OVERFLOWS, "{what}"),
+                }
+            }
         }
     }
 }

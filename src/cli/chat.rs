@@ -10,6 +10,7 @@ use std::sync::Arc;
 use clap::Args;
 use wgllm::chat::{ChatTemplate, Message};
 use wgllm::sampling::Sampler;
+use wgllm::session::Keep;
 use wgllm::tokenizer::StreamDecoder;
 use wgllm::{Error, Result};
 
@@ -54,8 +55,9 @@ pub fn run(a: ChatArgs) -> Result<()> {
         (template, text_of(tok.bos()))
     };
     let mut sampler = Sampler::new(a.sampling.params());
-    // Greedy decoding needs no logits: the argmax is taken where the output layer runs.
-    m.session.greedy = sampler.is_plain_greedy();
+    // Greedy decoding needs no logits, top-k sampling only the best k: where the output
+    // layer runs on a GPU, that is all a step reads back.
+    m.session.keep = Keep::for_sampler(&sampler, m.session.engine.config().n_vocab);
     let mut messages: Vec<Message> = a.system.iter().map(|s| Message::new("system", s)).collect();
     // Text whose tokens the KV cache holds.
     let mut fed = String::new();

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use clap::Args;
 use wgllm::sampling::Sampler;
+use wgllm::session::Keep;
 use wgllm::tokenizer::StreamDecoder;
 use wgllm::{Error, Result};
 
@@ -92,8 +93,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         eprintln!("device: {}", m.device);
     }
     let mut sampler = Sampler::new(a.sampling.params());
-    // Greedy decoding needs no logits: the argmax is taken where the output layer runs.
-    m.session.greedy = sampler.is_plain_greedy();
+    // Greedy decoding needs no logits, top-k sampling only the best k: where the output
+    // layer runs on a GPU, that is all a step reads back.
+    m.session.keep = Keep::for_sampler(&sampler, m.session.engine.config().n_vocab);
     m.session.feed(&prompt)?;
     let mut out_ids = Vec::new();
     let mut dec = StreamDecoder::new();

@@ -33,6 +33,9 @@ pub struct DeviceOptions {
     /// type, whatever `WGLLM_MUL_MAT` and the tuning file say (tests run a GPU's
     /// kernels on any adapter).
     pub mul_mat: Option<String>,
+    /// Choose top-k sampling's candidates on the device even where it shares the host's
+    /// memory ([`GpuContext::top_k_on_device`]; tests run those passes on lavapipe).
+    pub top_k_on_device: bool,
 }
 
 /// Environment variable holding every weight matrix in `buffer`s or `texture`s,
@@ -126,6 +129,8 @@ pub struct GpuContext {
     pub workgroup_reductions: bool,
     /// [`DeviceOptions::mul_mat`].
     pub forced_mul_mat: Option<String>,
+    /// [`DeviceOptions::top_k_on_device`].
+    pub forced_top_k: bool,
     /// Kernel variants measured fastest on this adapter (`wgllm-bench kernels --save`).
     pub tuned: super::tuning::Choices,
     pub pipelines: super::pipelines::PipelineCache,
@@ -414,6 +419,7 @@ impl GpuContext {
             has_timestamps,
             workgroup_reductions: opts.workgroup_reductions,
             forced_mul_mat: opts.mul_mat.clone(),
+            forced_top_k: opts.top_k_on_device,
             tuned,
             pipelines: Default::default(),
             binding_cap: opts.max_binding,
@@ -473,6 +479,14 @@ impl GpuContext {
     /// otherwise per type, that is where forced or by default.
     pub fn attention_in_textures(&self) -> bool {
         self.forced_weights.unwrap_or_else(|| self.default_memory()) == WeightMemory::Texture
+    }
+
+    /// Whether sampled steps choose top-k's candidates here rather than read every
+    /// logit back (`ops::top_k`). Not on CPU-hosted devices, unless forced: their
+    /// readback is a copy within the host's memory, cheaper than three small passes
+    /// (Gemma 3 on lavapipe: 1.05 ms of passes a step, docs/perf.md).
+    pub fn top_k_on_device(&self) -> bool {
+        self.forced_top_k || self.info.device_type != wgpu::DeviceType::Cpu
     }
 
     /// Largest range one storage binding may cover, in bytes.

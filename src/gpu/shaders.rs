@@ -35,6 +35,8 @@ const ATTN_QK_TEXTURE: &str = wgsl!("common/attn_qk_texture.wgsl");
 const ATTN_PV_BUFFER: &str = wgsl!("common/attn_pv_buffer.wgsl");
 const ATTN_PV_TEXTURE: &str = wgsl!("common/attn_pv_texture.wgsl");
 const SCRATCH_TEXEL: &str = wgsl!("common/scratch_texel.wgsl");
+/// The parameters and logit order of top-k sampling's three passes.
+const TOP_K: &str = wgsl!("common/top_k.wgsl");
 /// What every kernel that rotates keys on their way into the KV cache includes (the
 /// `rope_store` kernels and the RoPE builds of `mul_mat_ks1`): the rotation's angles,
 /// its parameters, and a single token's key and value written into the kept cache
@@ -150,6 +152,9 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("glu", &[STEP, ACT], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),
     ("argmax", &[STEP], wgsl!("ops/argmax.wgsl")),
+    ("topk_spans", &[STEP, TOP_K], wgsl!("ops/topk_spans.wgsl")),
+    ("topk_floor", &[STEP, TOP_K], wgsl!("ops/topk_floor.wgsl")),
+    ("topk_gather", &[STEP, TOP_K], wgsl!("ops/topk_gather.wgsl")),
     ("mul_mat_xcopy", &[STEP], wgsl!("ops/mul_mat_xcopy.wgsl")),
 ];
 

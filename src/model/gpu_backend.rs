@@ -16,6 +16,7 @@ use crate::ops::glu::Activation;
 use crate::ops::mul_mat::Columns;
 use crate::ops::rope::Rope;
 use crate::ops::{self, Dispatch, StepInfo, Store};
+use crate::sampling::Cand;
 use crate::{Error, Result};
 
 /// The most bytes of attention probabilities a batch keeps at once (see [`Chunks`]).
@@ -637,6 +638,9 @@ pub struct GpuModel {
     /// Built on first use: greedy sampling over the last token's logits, and the
     /// buffer of its per-span candidates.
     pub(crate) argmax: Option<(Dispatch, wgpu::Buffer)>,
+    /// Built on first use: top-k sampling's candidates over the last token's logits
+    /// ([`crate::ops::top_k`]), for one k.
+    pub(crate) top_k: Option<TopKPlan>,
     pub(crate) readback: Readback,
     pub(crate) layers: std::ops::Range<u32>,
     pub(crate) head: bool,
@@ -705,6 +709,16 @@ pub enum Output {
     /// The greedy token after the batch's last, chosen on the device
     /// ([`GpuModel::step_argmax_io`]).
     Argmax,
+    /// The candidates for the k best logits of the batch's last token, chosen on the
+    /// device ([`GpuModel::step_top_k_io`]).
+    TopK(u32),
+}
+
+/// Top-k sampling's passes for one k, and the buffers they leave their results in.
+pub(crate) struct TopKPlan {
+    k: u32,
+    passes: Vec<Dispatch>,
+    found: wgpu::Buffer,
 }
 
 /// Bytes of an f32 activation of `per_token` floats for `n` tokens.
@@ -824,6 +838,7 @@ impl GpuModel {
             last: (Vec::new(), logits_last),
             all: None,
             argmax: None,
+            top_k: None,
             ctx,
             cfg,
             n_ctx,
@@ -955,6 +970,54 @@ impl GpuModel {
         self.ctx.explain_loss(r)
     }
 
+    /// One forward step from `input` at positions `pos..`, returning the `k` best
+    /// candidates of the last token's logits, best first ([`crate::sampling::top_k`]).
+    /// Chosen on the device where that pays ([`GpuContext::top_k_on_device`]) and it
+    /// can ([`crate::ops::top_k::supports`]): the step reads back a few thousand words
+    /// instead of every logit, or every logit as well when more candidates passed the
+    /// device's floor than its list holds.
+    pub fn step_top_k_io(&mut self, input: Input<'_>, pos: u32, k: u32) -> Result<Vec<Cand>> {
+        let n = self.cfg.n_vocab;
+        if !self.ctx.top_k_on_device() || !crate::ops::top_k::supports(n, k) {
+            let logits = self.step_io(input, pos, Output::Logits(Logits::Last))?;
+            return Ok(crate::sampling::top_k(&logits, k as usize));
+        }
+        self.ctx.check_lost()?;
+        let r = self
+            .run_step::<u32>(input, pos, Output::TopK(k))
+            .and_then(|words| match crate::ops::top_k::best(&words, k)? {
+                Some(best) => Ok(best),
+                None => {
+                    let logits =
+                        crate::gpu::readback::read_buffer(&self.ctx, &self.last.1, n as usize)?;
+                    Ok(crate::sampling::top_k(&logits, k as usize))
+                }
+            });
+        self.ctx.explain_loss(r)
+    }
+
+    /// Build the top-k passes for `k`, unless they are built for it.
+    fn plan_top_k(&mut self, k: u32) -> Result<()> {
+        if self.top_k.as_ref().is_some_and(|t| t.k == k) {
+            return Ok(());
+        }
+        let n = self.cfg.n_vocab;
+        let maxima = storage(
+            &self.ctx,
+            "topk maxima",
+            crate::ops::top_k::MAX_SPANS as u64 * 4,
+        )?;
+        let found = storage(
+            &self.ctx,
+            "topk found",
+            crate::ops::top_k::FOUND_WORDS as u64 * 4,
+        )?;
+        let passes =
+            crate::ops::top_k::gpu(&self.ctx, &self.step, &self.last.1, &maxima, &found, n, k)?;
+        self.top_k = Some(TopKPlan { k, passes, found });
+        Ok(())
+    }
+
     fn run_step<T: bytemuck::Pod>(
         &mut self,
         input: Input<'_>,
@@ -980,6 +1043,9 @@ impl GpuModel {
                 pos as u64 + n as u64,
                 self.n_ctx
             )));
+        }
+        if let Output::TopK(k) = output {
+            self.plan_top_k(k)?;
         }
         let q = &self.ctx.queue;
         match input {
@@ -1029,6 +1095,7 @@ impl GpuModel {
             let d = crate::ops::argmax::gpu(&self.ctx, &self.step, &self.last.1, &buf, n)?;
             self.argmax = Some((d, buf));
         }
+
         let info = StepInfo::new(pos, n);
         q.write_buffer(&self.step, 0, bytemuck::bytes_of(&info));
         let none: &[Dispatch] = &[];
@@ -1053,11 +1120,23 @@ impl GpuModel {
                     .ok_or_else(|| Error::gpu("no all-logits plan"))?;
                 (p.as_slice(), b, self.cfg.n_vocab as usize * n as usize)
             }
+            Output::TopK(_) => {
+                let t = self
+                    .top_k
+                    .as_ref()
+                    .ok_or_else(|| Error::gpu("no top-k sampling plan"))?;
+                (
+                    self.last.0.as_slice(),
+                    &t.found,
+                    crate::ops::top_k::FOUND_WORDS,
+                )
+            }
             Output::Hidden => (none, &self.scratch.x, (self.cfg.n_embd * n) as usize),
         };
-        let sample = match (output, &self.argmax) {
-            (Output::Argmax, Some((d, _))) => Some(d),
-            _ => None,
+        let sample: &[Dispatch] = match (output, &self.argmax, &self.top_k) {
+            (Output::Argmax, Some((d, _)), _) => std::slice::from_ref(d),
+            (Output::TopK(_), _, Some(t)) => &t.passes,
+            _ => none,
         };
         let encoder = |label| {
             self.ctx

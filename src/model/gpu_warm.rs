@@ -232,9 +232,12 @@ pub fn warm(
         };
         let norm = shape("output_norm.weight")?;
         graph::head(&mut o, cfg, &norm, &output, &scratch, &(), Columns::Last)?;
-        // Greedy decoding's last kernel: small, but built on first use it would delay
-        // the first token.
+        // Greedy decoding's last kernel and top-k sampling's: small, but built on first
+        // use they would delay the first token.
         o.jobs.push(Box::new(move || crate::ops::argmax::warm(ctx)));
+        if ctx.top_k_on_device() {
+            o.jobs.push(Box::new(move || crate::ops::top_k::warm(ctx)));
+        }
     }
     run(o.jobs);
     Ok(())

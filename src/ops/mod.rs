@@ -14,6 +14,7 @@ pub mod kv_store;
 pub mod mul_mat;
 pub mod rms_norm;
 pub mod rope;
+pub mod top_k;
 
 use std::sync::Arc;
 

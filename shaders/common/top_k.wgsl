@@ -1,0 +1,32 @@
+// What the three passes of top-k sampling on the device share (`ops::top_k`): their
+// parameters, and the order they rank logits in.
+
+struct Params {
+    n: u32,     // logits
+    span: u32,  // logits per span: span g is g * span .. (g + 1) * span
+    spans: u32, // spans, at most MAX_SPANS
+    k: u32,     // the floor is the k-th largest span maximum
+    cap: u32,   // candidate slots in `found`
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+// The pass that picks the floor holds every span's maximum in one workgroup.
+const MAX_SPANS: u32 = 256u;
+
+// A logit's bits as a key in the host's order (`sampling`'s sanitised logits compared
+// with `f32::total_cmp`): NaN ranks as -inf, +inf as the largest finite float, -0
+// below +0. Larger logits give larger keys. The smallest key a logit can have is
+// -inf's, 0x007fffff, so the key 0 is below every logit. The logits are bound as
+// words, so no float operation (a denormal flush, a NaN rewritten) touches them.
+fn order_key(bits: u32) -> u32 {
+    var b = bits;
+    if ((b & 0x7fffffffu) > 0x7f800000u) {
+        b = 0xff800000u; // NaN: -inf
+    }
+    if (b == 0x7f800000u) {
+        b = 0x7f7fffffu; // +inf: the largest finite float
+    }
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}

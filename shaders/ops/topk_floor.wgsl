@@ -1,0 +1,52 @@
+// Top-k sampling on the device, second pass, one workgroup: the floor is the k-th
+// largest of the spans' maxima. k spans hold a logit at or above it, so at least k
+// logits are, and with them the k best. Also empties the candidate list that the
+// third pass (`topk_gather`) appends to.
+//
+// maxima: [spans] keys; found: the list's count and floor, then its (key, id) pairs
+
+struct Found {
+    count: u32,
+    floor: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> maxima: array<u32>;
+@group(0) @binding(3) var<storage, read_write> found: Found;
+
+var<workgroup> m: array<u32, MAX_SPANS>;
+
+@compute @workgroup_size(MAX_SPANS)
+fn main(@builtin(local_invocation_index) l: u32) {
+    if (step.n_tokens == 0u) {
+        return;
+    }
+    m[l] = 0u;
+    if (l < p.spans) {
+        m[l] = maxima[l];
+    }
+    workgroupBarrier();
+    if (l < p.spans) {
+        // This lane's maximum is the k-th largest if fewer than k are above it and at
+        // least k at or above it; of equal maxima the first lane writes it.
+        let v = m[l];
+        var above = 0u;
+        var at_least = 0u;
+        var first = true;
+        for (var j = 0u; j < p.spans; j++) {
+            let w = m[j];
+            above += u32(w > v);
+            at_least += u32(w >= v);
+            first = first && !(w == v && j < l);
+        }
+        if (first && above < p.k && p.k <= at_least) {
+            found.floor = v;
+        }
+    }
+    if (l == 0u) {
+        found.count = 0u;
+    }
+}
