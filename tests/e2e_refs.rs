@@ -328,7 +328,7 @@ fn session_top_k_on_the_device_matches_sampling_the_logits() {
             .expect("encode");
         let generate = |keep_best: bool| {
             let device = DeviceOptions {
-                top_k_on_device: true,
+                top_k_on_device: Some(true),
                 ..Default::default()
             };
             let mut s = Session::new(engine_on(&m, None, device), 4);

@@ -9,6 +9,7 @@
 #      8B-shaped Q4_K_M files written here, with where the host's time goes, beside
 #      llama.cpp's llama-bench on the same file when LLAMA_BENCH names one (its
 #      libraries beside it); then each model's decode step per kernel (WGLLM_PROFILE);
+#      then sampled generation with top-k chosen on the device and on the host;
 #   4. the batch-1 products again, eight to a timed pass (`--per-pass`);
 #   5. weight upload against the device's write bandwidth;
 #   6. the prompt kernels (batch 16 and 64).
@@ -83,6 +84,16 @@ for m in "${models[@]}"; do
     step "llama.cpp: $name" 75 env LD_LIBRARY_PATH="$(dirname "$LLAMA_BENCH"):${LD_LIBRARY_PATH:-}" \
       "$LLAMA_BENCH" -m "$m" -ngl 99 -p 512 -n 128 -r 3
   fi
+done
+# Sampled generation (temperature 0.8, top-k 40) with the candidates chosen on the
+# device, then on the host from every logit read back, twice over.
+for m in "${models[@]}"; do
+  step "wgllm sampled, top-k on the device / the host: $(basename "$m" .gguf)" 60 bash -c '
+    for i in 1 2; do for where in device host; do
+      printf "%s: " "$where"
+      WGLLM_TOP_K=$where "$0" run -m "$1" -p "The history of the Roman empire" -n 128 \
+        --temp 0.8 --seed 1 2>&1 >/dev/null | tail -1
+    done; done' "$BIN/wgllm" "$m"
 done
 # Each dispatch in a timed pass of its own: shares, not speed.
 for m in "${models[@]}"; do

@@ -33,14 +33,38 @@ pub struct DeviceOptions {
     /// type, whatever `WGLLM_MUL_MAT` and the tuning file say (tests run a GPU's
     /// kernels on any adapter).
     pub mul_mat: Option<String>,
-    /// Choose top-k sampling's candidates on the device even where it shares the host's
-    /// memory ([`GpuContext::top_k_on_device`]; tests run those passes on lavapipe).
-    pub top_k_on_device: bool,
+    /// Choose top-k sampling's candidates on the device (`Some(true)`), or read every
+    /// logit back and choose them on the host (`Some(false)`); `None`: as
+    /// `WGLLM_TOP_K` says (`device` or `host`) if set, else as suits the device
+    /// ([`GpuContext::top_k_on_device`]). Tests run the passes on lavapipe this way.
+    pub top_k_on_device: Option<bool>,
 }
 
 /// Environment variable holding every weight matrix in `buffer`s or `texture`s,
 /// whatever the tuning file says.
 pub const WEIGHTS_ENV: &str = "WGLLM_WEIGHTS";
+
+/// Environment variable choosing where top-k sampling's candidates are chosen:
+/// `device` or `host` ([`DeviceOptions::top_k_on_device`]).
+pub const TOP_K_ENV: &str = "WGLLM_TOP_K";
+
+/// Whether sampled steps choose top-k's candidates on the device rather than read
+/// every logit back (`ops::top_k`), as `opts` or `WGLLM_TOP_K` say, else not on
+/// CPU-hosted devices: their readback is a copy within the host's memory, cheaper than
+/// three small passes (Gemma 3 on lavapipe: 1.05 ms of passes a step, docs/perf.md).
+fn top_k_on_device(opts: &DeviceOptions, info: &wgpu::AdapterInfo) -> Result<bool> {
+    match (opts.top_k_on_device, std::env::var(TOP_K_ENV)) {
+        (Some(on), _) => Ok(on),
+        (None, Err(_)) => Ok(info.device_type != wgpu::DeviceType::Cpu),
+        (None, Ok(v)) => match v.as_str() {
+            "device" => Ok(true),
+            "host" => Ok(false),
+            _ => Err(Error::invalid(format!(
+                "{TOP_K_ENV}={v:?}: expected device or host"
+            ))),
+        },
+    }
+}
 
 /// [`GpuContext::fixed_subgroup`] from the device's subgroup sizes.
 fn fixed_size(has_subgroups: bool, min: u32, max: u32) -> Option<u32> {
@@ -129,8 +153,8 @@ pub struct GpuContext {
     pub workgroup_reductions: bool,
     /// [`DeviceOptions::mul_mat`].
     pub forced_mul_mat: Option<String>,
-    /// [`DeviceOptions::top_k_on_device`].
-    pub forced_top_k: bool,
+    /// Where top-k sampling's candidates are chosen ([`DeviceOptions::top_k_on_device`]).
+    top_k_here: bool,
     /// Kernel variants measured fastest on this adapter (`wgllm-bench kernels --save`).
     pub tuned: super::tuning::Choices,
     pub pipelines: super::pipelines::PipelineCache,
@@ -404,6 +428,7 @@ impl GpuContext {
             mapped_at_creation: false,
         });
         let forced_weights = forced_weights(opts, &info, &limits)?;
+        let top_k_here = top_k_on_device(opts, &info)?;
         Ok(GpuContext {
             unused_output,
             forced_weights,
@@ -419,7 +444,7 @@ impl GpuContext {
             has_timestamps,
             workgroup_reductions: opts.workgroup_reductions,
             forced_mul_mat: opts.mul_mat.clone(),
-            forced_top_k: opts.top_k_on_device,
+            top_k_here,
             tuned,
             pipelines: Default::default(),
             binding_cap: opts.max_binding,
@@ -482,11 +507,9 @@ impl GpuContext {
     }
 
     /// Whether sampled steps choose top-k's candidates here rather than read every
-    /// logit back (`ops::top_k`). Not on CPU-hosted devices, unless forced: their
-    /// readback is a copy within the host's memory, cheaper than three small passes
-    /// (Gemma 3 on lavapipe: 1.05 ms of passes a step, docs/perf.md).
+    /// logit back (`ops::top_k`; [`DeviceOptions::top_k_on_device`]).
     pub fn top_k_on_device(&self) -> bool {
-        self.forced_top_k || self.info.device_type != wgpu::DeviceType::Cpu
+        self.top_k_here
     }
 
     /// Largest range one storage binding may cover, in bytes.
