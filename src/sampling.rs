@@ -80,23 +80,49 @@ impl Sampler {
         (p.temperature.is_nan() || p.temperature <= 0.0) && !penalises(p)
     }
 
-    /// The k of this sampler's top-k when its pick depends on the k best logits alone
-    /// (no penalty changes a logit before the cut, and it is not greedy): a step may
-    /// then return just those ([`crate::session::Keep::TopK`], chosen on the device)
-    /// for [`Sampler::sample_best`].
+    /// The k of this sampler's top-k when it draws (is not greedy) from its top-k: its
+    /// pick then depends on the k best logits and those of the tokens it penalises
+    /// alone ([`Sampler::penalised`]), and a step may return just those
+    /// ([`crate::session::Keep::TopK`], chosen on the device) for
+    /// [`Sampler::sample_best`].
     pub fn draws_from_top_k(&self) -> Option<u32> {
         let p = &self.params;
         let greedy = p.temperature.is_nan() || p.temperature <= 0.0;
-        (!greedy && !penalises(p) && p.top_k > 0).then_some(p.top_k)
+        (!greedy && p.top_k > 0).then_some(p.top_k)
     }
 
-    /// [`Sampler::sample`] given only the k best candidates of logits over more than k
-    /// tokens, best first ([`top_k`] of them), for a sampler whose
-    /// [`Sampler::draws_from_top_k`] is that k: the same token, and the same draw from
-    /// the random stream.
-    pub fn sample_best(&mut self, best: &[Cand]) -> u32 {
+    /// How many trailing history entries the penalty looks at: 0 when it changes no
+    /// logit.
+    pub fn penalty_window(&self) -> usize {
+        if penalises(&self.params) {
+            self.params.repeat_last_n
+        } else {
+            0
+        }
+    }
+
+    /// The distinct tokens whose logits the penalty changes after `history`, ascending.
+    pub fn penalised(&self, history: &[u32]) -> Vec<u32> {
+        penalised_ids(history, self.penalty_window())
+    }
+
+    /// [`Sampler::sample`] given only some candidates of the logits over more than k
+    /// tokens, in any order, for a sampler whose [`Sampler::draws_from_top_k`] is that
+    /// k. With h tokens penalised after `history` ([`Sampler::penalised`]), the
+    /// candidates must hold at least the k + h best logits ([`top_k`]) and those h
+    /// tokens': however the penalty reorders them, the k best after it are among them.
+    /// The same token, and the same draw from the random stream.
+    pub fn sample_best(&mut self, cands: &[Cand], history: &[u32]) -> u32 {
         self.cands.clear();
-        self.cands.extend_from_slice(best);
+        self.cands.extend_from_slice(cands);
+        let seen = self.penalised(history);
+        let p = &self.params;
+        for c in self.cands.iter_mut() {
+            if seen.binary_search(&c.0).is_ok() {
+                c.1 = penalise(c.1, p.repeat_penalty);
+            }
+        }
+        keep_best(&mut self.cands, p.top_k as usize);
         self.draw_from_best()
     }
 
@@ -229,6 +255,22 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<Cand> {
     out
 }
 
+/// What [`Sampler::sample_best`] needs of `logits` for top-`k` after penalising the
+/// distinct tokens `listed`: the `k + listed.len()` best, then the listed tokens' not
+/// among them.
+pub fn candidates(logits: &[f32], k: usize, listed: &[u32]) -> Vec<Cand> {
+    let mut out = top_k(logits, k + listed.len());
+    let best = out.len();
+    for &id in listed {
+        if let Some(&l) = logits.get(id as usize) {
+            if !out[..best].iter().any(|c| c.0 == id) {
+                out.push((id, sanitize(l)));
+            }
+        }
+    }
+    out
+}
+
 /// Sorts `cands` best first, in [`top_k`]'s order, and keeps the best `k`.
 pub fn keep_best(cands: &mut Vec<Cand>, k: usize) {
     let m = sort_prefix(cands, 0, k);
@@ -252,18 +294,27 @@ fn apply_repeat_penalty(cands: &mut [Cand], history: &[u32], p: &SamplingParams)
     if !penalises(p) {
         return;
     }
-    let tail = &history[history.len().saturating_sub(p.repeat_last_n)..];
-    let mut seen: Vec<u32> = tail.to_vec();
+    for id in penalised_ids(history, p.repeat_last_n) {
+        if let Some(c) = cands.get_mut(id as usize) {
+            c.1 = penalise(c.1, p.repeat_penalty);
+        }
+    }
+}
+
+/// The distinct tokens among the last `window` entries of `history`, ascending.
+pub fn penalised_ids(history: &[u32], window: usize) -> Vec<u32> {
+    let mut seen = history[history.len().saturating_sub(window)..].to_vec();
     seen.sort_unstable();
     seen.dedup();
-    for id in seen {
-        if let Some(c) = cands.get_mut(id as usize) {
-            c.1 = if c.1 > 0.0 {
-                c.1 / p.repeat_penalty
-            } else {
-                c.1 * p.repeat_penalty
-            };
-        }
+    seen
+}
+
+/// A penalised token's logit.
+fn penalise(l: f32, penalty: f32) -> f32 {
+    if l > 0.0 {
+        l / penalty
+    } else {
+        l * penalty
     }
 }
 
@@ -612,11 +663,11 @@ mod tests {
         }
     }
 
-    /// A step that keeps only the k best logits (chosen on a device: a superset in any
-    /// order, cut back by `keep_best`) samples what the whole vocabulary does, draw for
-    /// draw.
+    /// A step that keeps only the k + h best logits and the h penalised tokens' (chosen
+    /// on a device: a superset in any order) samples what the whole vocabulary does,
+    /// draw for draw, with penalties that lower logits and ones that raise them.
     #[test]
-    fn the_best_alone_give_the_tokens_of_the_whole_list() {
+    fn the_best_and_the_penalised_give_the_tokens_of_the_whole_list() {
         let mut gen = Xoshiro256::seed_from(12);
         let mut pick = |n: u64| (gen.next_u64() % n) as usize;
         let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0];
@@ -637,31 +688,42 @@ mod tests {
                 [0.0, 0.05, 0.4][pick(3)],
             );
             p.seed = case as u64;
-            if case % 7 == 0 {
-                p.repeat_penalty = 1.3; // penalised: never kept to the best alone
-            }
+            // Penalties that lower logits and ones that raise them, over histories
+            // that repeat tokens.
+            p.repeat_penalty = [1.0, 1.0, 1.3, 0.7][pick(4)];
+            p.repeat_last_n = pick(20);
+            let history: Vec<u32> = (0..pick(30)).map(|_| pick(n as u64) as u32).collect();
             let whole = Sampler::new(p.clone());
             let Some(k) = whole.draws_from_top_k().map(|k| k as usize) else {
-                assert!(p.temperature <= 0.0 || p.repeat_penalty != 1.0);
+                assert!(p.temperature <= 0.0);
                 continue;
             };
             if k >= n {
                 continue;
             }
-            // A device's list: every logit at or above some floor, shuffled.
-            let extra = pick(5);
-            let mut found = top_k(&logits, (k + extra).min(n));
+            // A device's list: every logit at or above some floor below the k + h
+            // best, then the penalised tokens' not among them, shuffled.
+            let seen = whole.penalised(&history);
+            let mut found = top_k(&logits, (k + seen.len() + pick(5)).min(n));
+            for &id in &seen {
+                if !found.iter().any(|c| c.0 == id) {
+                    found.push((id, sanitize(logits[id as usize])));
+                }
+            }
             for i in (1..found.len()).rev() {
                 found.swap(i, pick(i as u64 + 1));
             }
-            keep_best(&mut found, k);
-            assert_eq!(found, top_k(&logits, k), "case {case}");
+            if seen.is_empty() {
+                let mut cut = found.clone();
+                keep_best(&mut cut, k);
+                assert_eq!(cut, top_k(&logits, k), "case {case}");
+            }
             let (mut whole, mut best) = (whole, Sampler::new(p));
             for _ in 0..10 {
                 assert_eq!(
-                    best.sample_best(&found),
-                    whole.sample(&logits, &[]),
-                    "case {case}: n {n}, k {k}: {logits:?}"
+                    best.sample_best(&found, &history),
+                    whole.sample(&logits, &history),
+                    "case {case}: n {n}, k {k}, penalised {seen:?}: {logits:?}"
                 );
             }
             checked += 1;

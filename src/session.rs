@@ -27,14 +27,20 @@ pub trait Engine: Send {
             Logits::Last,
         )?))
     }
-    /// Run `tokens` at positions `pos..` and return the `k` best candidates of the last
-    /// token's logits, best first ([`crate::sampling::top_k`]). Engines whose output
-    /// layer runs on a GPU choose them there and read back a few hundred words.
-    fn step_top_k(&mut self, tokens: &[u32], pos: u32, k: u32) -> Result<Vec<Cand>> {
-        Ok(crate::sampling::top_k(
-            &self.step(tokens, pos, Logits::Last)?,
-            k as usize,
-        ))
+    /// Run `tokens` at positions `pos..` and return candidates of the last token's
+    /// logits for top-`k` sampling after a penalty on the distinct tokens `listed`: the
+    /// `k + listed.len()` best and the listed ones, at least, in any order
+    /// ([`crate::sampling::candidates`]). Engines whose output layer runs on a GPU
+    /// choose them there and read back a few thousand words.
+    fn step_top_k(
+        &mut self,
+        tokens: &[u32],
+        pos: u32,
+        k: u32,
+        listed: &[u32],
+    ) -> Result<Vec<Cand>> {
+        let logits = self.step(tokens, pos, Logits::Last)?;
+        Ok(crate::sampling::candidates(&logits, k as usize, listed))
     }
     /// Where the model runs, for people: [`CPU_DEVICE`], or the GPU layers and the
     /// adapter.
@@ -86,9 +92,15 @@ impl Engine for crate::model::gpu_backend::GpuModel {
         use crate::model::gpu_backend::Input;
         self.step_argmax_io(Input::Tokens(tokens), pos)
     }
-    fn step_top_k(&mut self, tokens: &[u32], pos: u32, k: u32) -> Result<Vec<Cand>> {
+    fn step_top_k(
+        &mut self,
+        tokens: &[u32],
+        pos: u32,
+        k: u32,
+        listed: &[u32],
+    ) -> Result<Vec<Cand>> {
         use crate::model::gpu_backend::Input;
-        self.step_top_k_io(Input::Tokens(tokens), pos, k)
+        self.step_top_k_io(Input::Tokens(tokens), pos, k, listed)
     }
     fn compiles_for(&self, n: u32, pos: u32) -> bool {
         crate::model::gpu_backend::GpuModel::compiles_for(self, n, pos)
@@ -141,10 +153,11 @@ pub enum Keep {
     /// logits read back), for samplers that take the argmax
     /// ([`Sampler::is_plain_greedy`]).
     Greedy,
-    /// The k best logits alone, chosen where the output layer runs (on a GPU: a few
-    /// hundred words read back instead of every logit), for samplers that draw from
-    /// their top-k ([`Sampler::draws_from_top_k`]).
-    TopK(u32),
+    /// The k best logits and those the penalty changes alone, chosen where the output
+    /// layer runs (on a GPU: a few thousand words read back instead of every logit),
+    /// for samplers that draw from their top-k ([`Sampler::draws_from_top_k`]), whose
+    /// penalty looks at the last `window` tokens ([`Sampler::penalty_window`]).
+    TopK { k: u32, window: usize },
 }
 
 impl Keep {
@@ -154,7 +167,10 @@ impl Keep {
             return Keep::Greedy;
         }
         match sampler.draws_from_top_k() {
-            Some(k) if k < n_vocab => Keep::TopK(k),
+            Some(k) if k < n_vocab => Keep::TopK {
+                k,
+                window: sampler.penalty_window(),
+            },
             _ => Keep::Logits,
         }
     }
@@ -284,9 +300,25 @@ impl Session {
         match keep {
             Keep::Logits => self.logits = self.engine.step(tokens, pos, Logits::Last)?,
             Keep::Greedy => self.greedy_next = Some(self.engine.step_argmax(tokens, pos)?),
-            Keep::TopK(k) => self.best = self.engine.step_top_k(tokens, pos, k)?,
+            Keep::TopK { k, window } => {
+                let listed = self.penalised_after(tokens, window);
+                self.best = self.engine.step_top_k(tokens, pos, k, &listed)?;
+            }
         }
         Ok(())
+    }
+
+    /// The distinct tokens among the last `window` of the history followed by `tokens`.
+    fn penalised_after(&self, tokens: &[u32], window: usize) -> Vec<u32> {
+        let skip = (self.history.len() + tokens.len()).saturating_sub(window);
+        let tail: Vec<u32> = self
+            .history
+            .iter()
+            .chain(tokens)
+            .skip(skip)
+            .copied()
+            .collect();
+        crate::sampling::penalised_ids(&tail, window)
     }
 
     /// The next token: the greedy one where the last step kept only that, `sampler`'s
@@ -295,7 +327,7 @@ impl Session {
     pub fn sample(&self, sampler: &mut Sampler) -> u32 {
         match self.greedy_next {
             Some(id) => id,
-            None if !self.best.is_empty() => sampler.sample_best(&self.best),
+            None if !self.best.is_empty() => sampler.sample_best(&self.best, &self.history),
             None => sampler.sample(&self.logits, &self.history),
         }
     }

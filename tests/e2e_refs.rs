@@ -313,14 +313,22 @@ fn session_greedy_on_the_device_matches_sampling_the_logits() {
     assert_eq!((no_logits, n_logits), (0, m.cfg.n_vocab as usize));
 }
 
-/// A session that keeps only each step's best 40 candidates, chosen on the device
-/// (forced: lavapipe would read every logit back and choose them on the host), samples
-/// what drawing from all its logits does, draw for draw, at temperatures where the
-/// draws spread over many candidates.
+/// A session that keeps only each step's best 40 candidates (and, under a repetition
+/// penalty, the penalised tokens'), chosen on the device (forced: lavapipe would read
+/// every logit back and choose them on the host), samples what drawing from all its
+/// logits does, draw for draw, at temperatures where the draws spread over many
+/// candidates.
 #[test]
 fn session_top_k_on_the_device_matches_sampling_the_logits() {
     common::contexts();
-    for (file, temperature) in [(SMOL.0, 1.5f32), (GEMMA.0, 0.8)] {
+    // The last: top-1 under a heavy penalty, so that a penalised best token often
+    // gives way to one ranked below it before the penalty.
+    for (file, temperature, repeat_penalty, top_k) in [
+        (SMOL.0, 1.5f32, 1.0f32, 40u32),
+        (GEMMA.0, 0.8, 1.0, 40),
+        (SMOL.0, 1.0, 1.5, 40),
+        (SMOL.0, 1.0, 8.0, 1),
+    ] {
         let m = open(file);
         let prompt = m
             .tok
@@ -334,11 +342,14 @@ fn session_top_k_on_the_device_matches_sampling_the_logits() {
             let mut s = Session::new(engine_on(&m, None, device), 4);
             let mut sampler = Sampler::new(SamplingParams {
                 temperature,
+                repeat_penalty,
+                top_k,
                 seed: 42,
                 ..Default::default()
             });
             let keep = Keep::for_sampler(&sampler, m.cfg.n_vocab);
-            assert_eq!(keep, Keep::TopK(40));
+            let window = if repeat_penalty == 1.0 { 0 } else { 64 };
+            assert_eq!(keep, Keep::TopK { k: top_k, window });
             s.keep = if keep_best { keep } else { Keep::Logits };
             s.feed(&prompt).expect("feed");
             let mut out = Vec::new();

@@ -593,38 +593,68 @@ fn top_k_matches_the_host() {
     cases.push((OVERFLOWS.into(), zeros, vec![30]));
     cases.push((OVERFLOWS.into(), vec![f32::NEG_INFINITY; 5000], vec![3]));
     for ctx in contexts() {
+        let b = buffer_with_guard(ctx, &[0.0; 64], 0);
+        assert!(
+            top_k::gpu(ctx, &b, [&b, &b], &b, &b, 64).is_err(),
+            "one span"
+        );
         for (name, logits, ks) in &cases {
             let n = logits.len() as u32;
             for &k in ks {
+                // Tokens a penalty would change, asked for whatever their rank: a third
+                // of k, up to the most a step may list.
+                let mut listed: Vec<u32> = (0..(k as usize / 3).min(top_k::MAX_LISTED))
+                    .map(|i| ((i as u64 * 7919 + k as u64 * 31) % n as u64) as u32)
+                    .collect();
+                listed.sort_unstable();
+                listed.dedup();
+                if !top_k::supports(n, k, listed.len()) {
+                    continue;
+                }
                 let step = StepInfo::new(0, 1);
                 let sb = step_buffer(ctx, &step);
                 // Guard values larger than most logits: a read past the end would join.
                 let lb = buffer_with_guard(ctx, logits, 4);
+                let want: Vec<f32> = top_k::want(k, &listed)
+                    .iter()
+                    .map(|&w| f32::from_bits(w))
+                    .collect();
+                let wb = buffer_with_guard(ctx, &want, 0);
                 let spans = top_k::MAX_SPANS as usize;
                 let mb = buffer_with_guard(ctx, &vec![0.0; spans], 4);
                 let fb = buffer_with_guard(ctx, &vec![0.0; top_k::FOUND_WORDS], 4);
-                let passes = top_k::gpu(ctx, &sb, &lb, &mb, &fb, n, k);
-                if !top_k::supports(n, k) {
-                    assert!(passes.is_err(), "top-{k} of {n}");
-                    continue;
-                }
-                run(ctx, &passes.unwrap(), &step);
+                let passes = top_k::gpu(ctx, &sb, [&lb, &wb], &mb, &fb, n).unwrap();
+                run(ctx, &passes, &step);
                 let words: Vec<u32> = read_checked(ctx, &fb, top_k::FOUND_WORDS, 4)
                     .iter()
                     .map(|w| w.to_bits())
                     .collect();
-                let want = wgllm::sampling::top_k(logits, k as usize);
-                let what = format!("{name}, top-{k}, {} found on {}", words[0], label(ctx));
-                match top_k::best(&words, k).unwrap() {
-                    Some(got) => {
-                        assert!(words[0] as usize <= 4 * k as usize + 400, "{what}");
-                        let bits = |c: &[(u32, f32)]| -> Vec<(u32, u32)> {
-                            c.iter().map(|&(i, l)| (i, l.to_bits())).collect()
-                        };
-                        assert_eq!(bits(&got), bits(&want), "{what}");
-                    }
-                    None => assert_eq!(name, OVERFLOWS, "{what}"),
+                let what = format!(
+                    "{name}, top-{k} with {} listed, {} found on {}",
+                    listed.len(),
+                    words[0],
+                    label(ctx)
+                );
+                let Some(got) = top_k::best(&words, k, &listed).unwrap() else {
+                    assert_eq!(name, OVERFLOWS, "{what}");
+                    continue;
+                };
+                assert!(words[0] as usize <= 4 * k as usize + 400, "{what}");
+                let bits = |c: &[(u32, f32)]| -> Vec<(u32, u32)> {
+                    c.iter().map(|&(i, l)| (i, l.to_bits())).collect()
+                };
+                let mut ids: Vec<u32> = got.iter().map(|c| c.0).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                assert_eq!(ids.len(), got.len(), "{what}: an id twice");
+                for &id in &listed {
+                    let l = wgllm::sampling::top_k(&logits[id as usize..][..1], 1)[0].1;
+                    assert!(bits(&got).contains(&(id, l.to_bits())), "{what}: {id}");
                 }
+                let mut best = got.clone();
+                wgllm::sampling::keep_best(&mut best, k as usize);
+                let want = wgllm::sampling::top_k(logits, k as usize);
+                assert_eq!(bits(&best), bits(&want), "{what}");
             }
         }
     }

@@ -5,15 +5,23 @@ struct Params {
     n: u32,     // logits
     span: u32,  // logits per span: span g is g * span .. (g + 1) * span
     spans: u32, // spans, at most MAX_SPANS
-    k: u32,     // the floor is the k-th largest span maximum
     cap: u32,   // candidate slots in `found`
+}
+
+// What a step wants, written by the host before it: the floor is the k-th largest
+// span maximum, and the logits of the `n_listed` tokens `ids` (those a penalty
+// changes) come back whatever their rank.
+struct Want {
+    k: u32,
+    n_listed: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
+    ids: array<u32, MAX_LISTED>,
 }
 
 // The pass that picks the floor holds every span's maximum in one workgroup.
 const MAX_SPANS: u32 = 256u;
+const MAX_LISTED: u32 = 64u;
 
 // A logit's bits as a key in the host's order (`sampling`'s sanitised logits compared
 // with `f32::total_cmp`): NaN ranks as -inf, +inf as the largest finite float, -0

@@ -1,9 +1,10 @@
 // Top-k sampling on the device, second pass, one workgroup: the floor is the k-th
-// largest of the spans' maxima. k spans hold a logit at or above it, so at least k
-// logits are, and with them the k best. Also empties the candidate list that the
-// third pass (`topk_gather`) appends to.
+// largest of the spans' maxima (k as the step wants it). k spans hold a logit at or
+// above it, so at least k logits are, and with them the k best. Also empties the
+// candidate list that the third pass (`topk_gather`) appends to.
 //
-// maxima: [spans] keys; found: the list's count and floor, then its (key, id) pairs
+// maxima: [spans] keys; found: the list's count and floor, then the listed tokens'
+// keys and the (key, id) pairs
 
 struct Found {
     count: u32,
@@ -14,8 +15,9 @@ struct Found {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(2) var<storage, read> maxima: array<u32>;
-@group(0) @binding(3) var<storage, read_write> found: Found;
+@group(0) @binding(2) var<storage, read> want: Want;
+@group(0) @binding(3) var<storage, read> maxima: array<u32>;
+@group(0) @binding(4) var<storage, read_write> found: Found;
 
 var<workgroup> m: array<u32, MAX_SPANS>;
 
@@ -42,7 +44,7 @@ fn main(@builtin(local_invocation_index) l: u32) {
             at_least += u32(w >= v);
             first = first && !(w == v && j < l);
         }
-        if (first && above < p.k && p.k <= at_least) {
+        if (first && above < want.k && want.k <= at_least) {
             found.floor = v;
         }
     }

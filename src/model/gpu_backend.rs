@@ -639,7 +639,7 @@ pub struct GpuModel {
     /// buffer of its per-span candidates.
     pub(crate) argmax: Option<(Dispatch, wgpu::Buffer)>,
     /// Built on first use: top-k sampling's candidates over the last token's logits
-    /// ([`crate::ops::top_k`]), for one k.
+    /// ([`crate::ops::top_k`]).
     pub(crate) top_k: Option<TopKPlan>,
     pub(crate) readback: Readback,
     pub(crate) layers: std::ops::Range<u32>,
@@ -709,15 +709,16 @@ pub enum Output {
     /// The greedy token after the batch's last, chosen on the device
     /// ([`GpuModel::step_argmax_io`]).
     Argmax,
-    /// The candidates for the k best logits of the batch's last token, chosen on the
-    /// device ([`GpuModel::step_top_k_io`]).
-    TopK(u32),
+    /// The candidates for top-k sampling over the batch's last token's logits, chosen
+    /// on the device ([`GpuModel::step_top_k_io`]).
+    TopK,
 }
 
-/// Top-k sampling's passes for one k, and the buffers they leave their results in.
+/// Top-k sampling's passes, the buffer the host says what it wants in, and the one
+/// they leave their candidates in.
 pub(crate) struct TopKPlan {
-    k: u32,
     passes: Vec<Dispatch>,
+    want: wgpu::Buffer,
     found: wgpu::Buffer,
 }
 
@@ -970,54 +971,79 @@ impl GpuModel {
         self.ctx.explain_loss(r)
     }
 
-    /// One forward step from `input` at positions `pos..`, returning the `k` best
-    /// candidates of the last token's logits, best first ([`crate::sampling::top_k`]).
-    /// Chosen on the device where that pays ([`GpuContext::top_k_on_device`]) and it
-    /// can ([`crate::ops::top_k::supports`]): the step reads back a few thousand words
-    /// instead of every logit, or every logit as well when more candidates passed the
-    /// device's floor than its list holds.
-    pub fn step_top_k_io(&mut self, input: Input<'_>, pos: u32, k: u32) -> Result<Vec<Cand>> {
+    /// One forward step from `input` at positions `pos..`, returning candidates of the
+    /// last token's logits for top-`k` sampling after a penalty on the distinct tokens
+    /// `listed` ([`crate::sampling::candidates`]: the `k + listed.len()` best and the
+    /// listed ones, in any order). Chosen on the device where that pays
+    /// ([`GpuContext::top_k_on_device`]) and it can ([`crate::ops::top_k::supports`]):
+    /// the step reads back a few thousand words instead of every logit, or every logit
+    /// as well when more candidates passed the device's floor than its list holds.
+    pub fn step_top_k_io(
+        &mut self,
+        input: Input<'_>,
+        pos: u32,
+        k: u32,
+        listed: &[u32],
+    ) -> Result<Vec<Cand>> {
         let n = self.cfg.n_vocab;
-        if !self.ctx.top_k_on_device() || !crate::ops::top_k::supports(n, k) {
+        let wanted = k.saturating_add(u32::try_from(listed.len()).unwrap_or(u32::MAX));
+        if !self.ctx.top_k_on_device() || !crate::ops::top_k::supports(n, wanted, listed.len()) {
             let logits = self.step_io(input, pos, Output::Logits(Logits::Last))?;
-            return Ok(crate::sampling::top_k(&logits, k as usize));
+            return Ok(crate::sampling::candidates(&logits, k as usize, listed));
+        }
+        if let Some(bad) = listed.iter().find(|&&t| t >= n) {
+            return Err(Error::invalid(format!(
+                "token id {bad} is outside the vocabulary of {n}"
+            )));
+        }
+        self.plan_top_k()?;
+        if let Some(t) = &self.top_k {
+            let want = crate::ops::top_k::want(wanted, listed);
+            self.ctx
+                .queue
+                .write_buffer(&t.want, 0, bytemuck::cast_slice(&want));
         }
         self.ctx.check_lost()?;
         let r = self
-            .run_step::<u32>(input, pos, Output::TopK(k))
-            .and_then(|words| match crate::ops::top_k::best(&words, k)? {
-                Some(best) => Ok(best),
-                None => {
-                    let logits =
-                        crate::gpu::readback::read_buffer(&self.ctx, &self.last.1, n as usize)?;
-                    Ok(crate::sampling::top_k(&logits, k as usize))
-                }
-            });
+            .run_step::<u32>(input, pos, Output::TopK)
+            .and_then(
+                |words| match crate::ops::top_k::best(&words, wanted, listed)? {
+                    Some(cands) => Ok(cands),
+                    None => {
+                        let logits =
+                            crate::gpu::readback::read_buffer(&self.ctx, &self.last.1, n as usize)?;
+                        Ok(crate::sampling::candidates(&logits, k as usize, listed))
+                    }
+                },
+            );
         self.ctx.explain_loss(r)
     }
 
-    /// Build the top-k passes for `k`, unless they are built for it.
-    fn plan_top_k(&mut self, k: u32) -> Result<()> {
-        if self.top_k.as_ref().is_some_and(|t| t.k == k) {
+    /// Build the top-k passes, unless they are built.
+    fn plan_top_k(&mut self) -> Result<()> {
+        if self.top_k.is_some() {
             return Ok(());
         }
-        let n = self.cfg.n_vocab;
-        let maxima = storage(
+        let words = |w: usize| w as u64 * 4;
+        let top_k = |label, bytes| storage(&self.ctx, label, bytes);
+        let want = top_k("topk want", words(crate::ops::top_k::WANT_WORDS))?;
+        let maxima = top_k("topk maxima", words(crate::ops::top_k::MAX_SPANS as usize))?;
+        let found = top_k("topk found", words(crate::ops::top_k::FOUND_WORDS))?;
+        let passes = crate::ops::top_k::gpu(
             &self.ctx,
-            "topk maxima",
-            crate::ops::top_k::MAX_SPANS as u64 * 4,
+            &self.step,
+            [&self.last.1, &want],
+            &maxima,
+            &found,
+            self.cfg.n_vocab,
         )?;
-        let found = storage(
-            &self.ctx,
-            "topk found",
-            crate::ops::top_k::FOUND_WORDS as u64 * 4,
-        )?;
-        let passes =
-            crate::ops::top_k::gpu(&self.ctx, &self.step, &self.last.1, &maxima, &found, n, k)?;
-        self.top_k = Some(TopKPlan { k, passes, found });
+        self.top_k = Some(TopKPlan {
+            passes,
+            want,
+            found,
+        });
         Ok(())
     }
-
     fn run_step<T: bytemuck::Pod>(
         &mut self,
         input: Input<'_>,
@@ -1043,9 +1069,6 @@ impl GpuModel {
                 pos as u64 + n as u64,
                 self.n_ctx
             )));
-        }
-        if let Output::TopK(k) = output {
-            self.plan_top_k(k)?;
         }
         let q = &self.ctx.queue;
         match input {
@@ -1120,7 +1143,7 @@ impl GpuModel {
                     .ok_or_else(|| Error::gpu("no all-logits plan"))?;
                 (p.as_slice(), b, self.cfg.n_vocab as usize * n as usize)
             }
-            Output::TopK(_) => {
+            Output::TopK => {
                 let t = self
                     .top_k
                     .as_ref()
@@ -1135,7 +1158,7 @@ impl GpuModel {
         };
         let sample: &[Dispatch] = match (output, &self.argmax, &self.top_k) {
             (Output::Argmax, Some((d, _)), _) => std::slice::from_ref(d),
-            (Output::TopK(_), _, Some(t)) => &t.passes,
+            (Output::TopK, _, Some(t)) => &t.passes,
             _ => none,
         };
         let encoder = |label| {
