@@ -629,22 +629,28 @@ mod tests {
         }
     }
 
+    /// `n` logits from up to `levels` values (many ties), with NaN, infinities and
+    /// both zeros mixed in.
+    fn tied_logits(pick: &mut impl FnMut(u64) -> usize, n: usize, levels: u64) -> Vec<f32> {
+        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0];
+        let levels = 1 + pick(levels) as u64;
+        (0..n)
+            .map(|_| match pick(20) {
+                0 => specials[pick(5)],
+                _ => pick(levels) as f32 * 0.7 - 2.0,
+            })
+            .collect()
+    }
+
     #[test]
     fn fast_paths_give_the_tokens_of_the_whole_list() {
-        // Logits from a few values (many ties), with NaN and infinities mixed in, over
-        // vocabularies around the top-k sizes; the same seed on both paths.
+        // Logits with many ties and special values, over vocabularies around the top-k
+        // sizes; the same seed on both paths.
         let mut gen = Xoshiro256::seed_from(11);
         let mut pick = |n: u64| (gen.next_u64() % n) as usize;
-        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0];
         for case in 0..300 {
             let n = 1 + pick(300);
-            let levels = 1 + pick(8) as u64;
-            let logits: Vec<f32> = (0..n)
-                .map(|_| match pick(20) {
-                    0 => specials[pick(5)],
-                    _ => pick(levels) as f32 * 0.7 - 2.0,
-                })
-                .collect();
+            let logits = tied_logits(&mut pick, n, 8);
             let temperature = [0.0, 0.3, 1.0, 2.5][case % 4];
             let top_k = [1, 2, 3, 5, 40, 1000][pick(6)];
             let top_p = [1.0, 0.95, 0.5][pick(3)];
@@ -670,17 +676,10 @@ mod tests {
     fn the_best_and_the_penalised_give_the_tokens_of_the_whole_list() {
         let mut gen = Xoshiro256::seed_from(12);
         let mut pick = |n: u64| (gen.next_u64() % n) as usize;
-        let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 0.0];
         let mut checked = 0;
         for case in 0..300 {
             let n = 2 + pick(400);
-            let levels = 1 + pick(12) as u64;
-            let logits: Vec<f32> = (0..n)
-                .map(|_| match pick(16) {
-                    0 => specials[pick(5)],
-                    _ => pick(levels) as f32 * 0.9 - 3.0,
-                })
-                .collect();
+            let logits = tied_logits(&mut pick, n, 12);
             let mut p = params(
                 [0.0, 0.4, 1.0, 3.0][case % 4],
                 [1, 2, 7, 40, 500][pick(5)],

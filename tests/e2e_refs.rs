@@ -280,6 +280,24 @@ fn gemma3_split() {
     check_model(GEMMA.0, GEMMA.1, Some(9), "Gemma 3 -ngl 9");
 }
 
+/// `n` tokens `sampler` picks after `prompt`, and how many logits the session held
+/// after the last.
+fn sample_tokens(
+    s: &mut Session,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, usize) {
+    s.feed(prompt).expect("feed");
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let id = s.sample(sampler);
+        out.push(id);
+        s.push(id).expect("push");
+    }
+    (out, s.logits.len())
+}
+
 /// A session that keeps only each step's greedy token, chosen on the device, generates
 /// what sampling its logits at temperature 0 does, over a prompt fed in several batches.
 #[test]
@@ -298,14 +316,7 @@ fn session_greedy_on_the_device_matches_sampling_the_logits() {
         });
         assert!(sampler.is_plain_greedy());
         s.keep = if greedy { Keep::Greedy } else { Keep::Logits };
-        s.feed(&prompt).expect("feed");
-        let mut out = Vec::new();
-        for _ in 0..12 {
-            let id = s.sample(&mut sampler);
-            out.push(id);
-            s.push(id).expect("push");
-        }
-        (out, s.logits.len())
+        sample_tokens(&mut s, &mut sampler, &prompt, 12)
     };
     let (on_device, no_logits) = generate(true);
     let (from_logits, n_logits) = generate(false);
@@ -351,14 +362,7 @@ fn session_top_k_on_the_device_matches_sampling_the_logits() {
             let window = if repeat_penalty == 1.0 { 0 } else { 64 };
             assert_eq!(keep, Keep::TopK { k: top_k, window });
             s.keep = if keep_best { keep } else { Keep::Logits };
-            s.feed(&prompt).expect("feed");
-            let mut out = Vec::new();
-            for _ in 0..24 {
-                let id = s.sample(&mut sampler);
-                out.push(id);
-                s.push(id).expect("push");
-            }
-            (out, s.logits.len())
+            sample_tokens(&mut s, &mut sampler, &prompt, 24)
         };
         let (on_device, no_logits) = generate(true);
         let (from_logits, n_logits) = generate(false);
