@@ -80,15 +80,18 @@ impl Sampler {
         (p.temperature.is_nan() || p.temperature <= 0.0) && !penalises(p)
     }
 
-    /// The k of this sampler's top-k when it draws (is not greedy) from its top-k: its
-    /// pick then depends on the k best logits and those of the tokens it penalises
-    /// alone ([`Sampler::penalised`]), and a step may return just those
-    /// ([`crate::session::Keep::TopK`], chosen on the device) for
+    /// The k of the top-k this sampler picks from, where it has one: its top-k when it
+    /// draws, 1 when it is greedy (after a penalty; plain greedy needs the argmax
+    /// alone, [`Sampler::is_plain_greedy`]). Its pick then depends on the k best logits
+    /// and those of the tokens it penalises alone ([`Sampler::penalised`]), and a step
+    /// may return just those ([`crate::session::Keep::TopK`], chosen on the device) for
     /// [`Sampler::sample_best`].
-    pub fn draws_from_top_k(&self) -> Option<u32> {
+    pub fn picks_from_top_k(&self) -> Option<u32> {
         let p = &self.params;
-        let greedy = p.temperature.is_nan() || p.temperature <= 0.0;
-        (!greedy && p.top_k > 0).then_some(p.top_k)
+        if p.temperature.is_nan() || p.temperature <= 0.0 {
+            return Some(1);
+        }
+        (p.top_k > 0).then_some(p.top_k)
     }
 
     /// How many trailing history entries the penalty looks at: 0 when it changes no
@@ -107,7 +110,7 @@ impl Sampler {
     }
 
     /// [`Sampler::sample`] given only some candidates of the logits over more than k
-    /// tokens, in any order, for a sampler whose [`Sampler::draws_from_top_k`] is that
+    /// tokens, in any order, for a sampler whose [`Sampler::picks_from_top_k`] is that
     /// k. With h tokens penalised after `history` ([`Sampler::penalised`]), the
     /// candidates must hold at least the k + h best logits ([`top_k`]) and those h
     /// tokens': however the penalty reorders them, the k best after it are among them.
@@ -121,6 +124,9 @@ impl Sampler {
             if seen.binary_search(&c.0).is_ok() {
                 c.1 = penalise(c.1, p.repeat_penalty);
             }
+        }
+        if p.temperature.is_nan() || p.temperature <= 0.0 {
+            return argmax_cands(&self.cands);
         }
         keep_best(&mut self.cands, p.top_k as usize);
         self.draw_from_best()
@@ -671,18 +677,19 @@ mod tests {
 
     /// A step that keeps only the k + h best logits and the h penalised tokens' (chosen
     /// on a device: a superset in any order) samples what the whole vocabulary does,
-    /// draw for draw, with penalties that lower logits and ones that raise them.
+    /// draw for draw, with penalties that lower logits and ones that raise them, and
+    /// picks the same greedy token after a penalty.
     #[test]
     fn the_best_and_the_penalised_give_the_tokens_of_the_whole_list() {
         let mut gen = Xoshiro256::seed_from(12);
         let mut pick = |n: u64| (gen.next_u64() % n) as usize;
-        let mut checked = 0;
+        let (mut checked, mut greedy) = (0, 0);
         for case in 0..300 {
             let n = 2 + pick(400);
             let logits = tied_logits(&mut pick, n, 12);
             let mut p = params(
                 [0.0, 0.4, 1.0, 3.0][case % 4],
-                [1, 2, 7, 40, 500][pick(5)],
+                [0, 1, 2, 7, 40, 500][pick(6)],
                 [1.0, 0.95, 0.6][pick(3)],
                 [0.0, 0.05, 0.4][pick(3)],
             );
@@ -693,10 +700,15 @@ mod tests {
             p.repeat_last_n = pick(20);
             let history: Vec<u32> = (0..pick(30)).map(|_| pick(n as u64) as u32).collect();
             let whole = Sampler::new(p.clone());
-            let Some(k) = whole.draws_from_top_k().map(|k| k as usize) else {
-                assert!(p.temperature <= 0.0);
+            let Some(k) = whole.picks_from_top_k().map(|k| k as usize) else {
+                assert_eq!(p.top_k, 0);
                 continue;
             };
+            // Plain greedy keeps the argmax alone (`Keep::Greedy`).
+            if whole.is_plain_greedy() {
+                continue;
+            }
+            greedy += usize::from(p.temperature <= 0.0);
             if k >= n {
                 continue;
             }
@@ -728,6 +740,7 @@ mod tests {
             checked += 1;
         }
         assert!(checked > 100, "{checked} cases drew from their best");
+        assert!(greedy > 20, "{greedy} greedy cases after a penalty");
     }
 
     #[test]

@@ -155,7 +155,7 @@ pub enum Keep {
     Greedy,
     /// The k best logits and those the penalty changes alone, chosen where the output
     /// layer runs (on a GPU: a few thousand words read back instead of every logit),
-    /// for samplers that draw from their top-k ([`Sampler::draws_from_top_k`]), whose
+    /// for samplers that pick from their top-k ([`Sampler::picks_from_top_k`]), whose
     /// penalty looks at the last `window` tokens ([`Sampler::penalty_window`]).
     TopK { k: u32, window: usize },
 }
@@ -166,7 +166,7 @@ impl Keep {
         if sampler.is_plain_greedy() {
             return Keep::Greedy;
         }
-        match sampler.draws_from_top_k() {
+        match sampler.picks_from_top_k() {
             Some(k) if k < n_vocab => Keep::TopK {
                 k,
                 window: sampler.penalty_window(),

@@ -324,21 +324,23 @@ fn session_greedy_on_the_device_matches_sampling_the_logits() {
     assert_eq!((no_logits, n_logits), (0, m.cfg.n_vocab as usize));
 }
 
-/// A session that keeps only each step's best 40 candidates (and, under a repetition
+/// A session that keeps only each step's best candidates (and, under a repetition
 /// penalty, the penalised tokens'), chosen on the device (forced: lavapipe would read
 /// every logit back and choose them on the host), samples what drawing from all its
 /// logits does, draw for draw, at temperatures where the draws spread over many
-/// candidates.
+/// candidates, and greedy decoding under a penalty picks the same tokens.
 #[test]
 fn session_top_k_on_the_device_matches_sampling_the_logits() {
     common::contexts();
-    // The last: top-1 under a heavy penalty, so that a penalised best token often
-    // gives way to one ranked below it before the penalty.
+    // Top-1 under a heavy penalty, so that a penalised best token often gives way to
+    // one ranked below it before the penalty; and greedy decoding under a penalty,
+    // which picks from its top 1 too.
     for (file, temperature, repeat_penalty, top_k) in [
         (SMOL.0, 1.5f32, 1.0f32, 40u32),
         (GEMMA.0, 0.8, 1.0, 40),
         (SMOL.0, 1.0, 1.5, 40),
         (SMOL.0, 1.0, 8.0, 1),
+        (GEMMA.0, 0.0, 1.3, 40),
     ] {
         let m = open(file);
         let prompt = m
@@ -360,7 +362,8 @@ fn session_top_k_on_the_device_matches_sampling_the_logits() {
             });
             let keep = Keep::for_sampler(&sampler, m.cfg.n_vocab);
             let window = if repeat_penalty == 1.0 { 0 } else { 64 };
-            assert_eq!(keep, Keep::TopK { k: top_k, window });
+            let k = if temperature > 0.0 { top_k } else { 1 };
+            assert_eq!(keep, Keep::TopK { k, window });
             s.keep = if keep_best { keep } else { Keep::Logits };
             sample_tokens(&mut s, &mut sampler, &prompt, 24)
         };
