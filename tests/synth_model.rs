@@ -10,7 +10,7 @@ use wgllm::cpu::backend::CpuModel;
 use wgllm::gguf::synth::{LlamaShape, SynthQuant, SynthSpec};
 use wgllm::gguf::GgufFile;
 use wgllm::gpu::{DeviceOptions, GpuContext};
-use wgllm::model::gpu_backend::{GpuModel, LoadOptions, Logits};
+use wgllm::model::gpu_backend::{GpuModel, Input, LoadOptions, Logits};
 use wgllm::model::Config;
 use wgllm::quant::GgmlType;
 use wgllm::tokenizer::Tokenizer;
@@ -109,6 +109,42 @@ fn gpu_and_cpu_agree_on_synthetic_weights() {
         );
         std::fs::remove_file(&path).ok();
     }
+}
+
+/// Top-k's candidates chosen on the device hold the best and the listed logits of a
+/// model whose vocabulary (512) splits into a few spans and whose buffers are small.
+#[test]
+fn a_tiny_vocabulary_chooses_its_top_k_on_the_device() {
+    let opts = DeviceOptions {
+        top_k_on_device: Some(true),
+        ..Default::default()
+    };
+    let ctx = Arc::new(GpuContext::new(&opts).expect("a GPU adapter (lavapipe) is needed"));
+    let spec = SynthSpec::new(LlamaShape::TINY, SynthQuant::Q8_0);
+    let path = write(&spec, "gpu-top-k");
+    let file = GgufFile::open(&path).unwrap();
+    let cfg = Config::from_metadata(file.metadata()).unwrap();
+    let lo = LoadOptions {
+        n_ctx: 64,
+        n_batch: 8,
+        ..Default::default()
+    };
+    let mut gpu = GpuModel::load(ctx, &file, cfg, &lo).unwrap();
+    let ids = [300u32, 301, 302, 7, 500];
+    let logits = gpu.step(&ids, 0, Logits::Last).unwrap();
+    for (k, listed) in [(1u32, vec![]), (2, vec![9u32, 300]), (4, vec![])] {
+        let got = gpu
+            .step_top_k_io(Input::Tokens(&ids), 0, k, &listed)
+            .unwrap();
+        let mut best = got.clone();
+        let want = k as usize + listed.len();
+        wgllm::sampling::keep_best(&mut best, want);
+        assert_eq!(best, wgllm::sampling::top_k(&logits, want), "top-{k}");
+        for id in listed {
+            assert!(got.contains(&(id, logits[id as usize])), "top-{k}: {id}");
+        }
+    }
+    std::fs::remove_file(&path).ok();
 }
 
 #[test]

@@ -24,6 +24,11 @@ impl Readback {
         Readback { staging, capacity }
     }
 
+    /// Bytes the staging buffer holds.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     /// Record a copy of `bytes` bytes from `src` at `offset` into the staging buffer.
     pub fn record(
         &self,

@@ -1042,6 +1042,12 @@ impl GpuModel {
             want,
             found,
         });
+        // A small model's staging buffer, sized for its logits, may hold less than the
+        // list.
+        let bytes = words(crate::ops::top_k::FOUND_WORDS);
+        if self.readback.capacity() < bytes {
+            self.readback = Readback::new(&self.ctx, bytes);
+        }
         Ok(())
     }
     fn run_step<T: bytemuck::Pod>(
