@@ -19,22 +19,25 @@ struct Found {
 @group(0) @binding(3) var<storage, read> maxima: array<u32>;
 @group(0) @binding(4) var<storage, read_write> found: Found;
 
+// 64 lanes, a size every device runs (GLES 3.1 promises 128 invocations), each lane
+// taking every 64th span. A power of two dividing MAX_SPANS.
+const WG: u32 = 64u;
+
 var<workgroup> m: array<u32, MAX_SPANS>;
 
-@compute @workgroup_size(MAX_SPANS)
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) l: u32) {
     if (step.n_tokens == 0u) {
         return;
     }
-    m[l] = 0u;
-    if (l < p.spans) {
-        m[l] = maxima[l];
+    for (var s = l; s < MAX_SPANS; s += WG) {
+        m[s] = select(0u, maxima[min(s, p.spans - 1u)], s < p.spans);
     }
     workgroupBarrier();
-    if (l < p.spans) {
-        // This lane's maximum is the k-th largest if fewer than k are above it and at
-        // least k at or above it; of equal maxima the first lane writes it.
-        let v = m[l];
+    for (var s = l; s < p.spans; s += WG) {
+        // Span s's maximum is the k-th largest if fewer than k are above it and at
+        // least k at or above it; of equal maxima the first span's writes it.
+        let v = m[s];
         var above = 0u;
         var at_least = 0u;
         var first = true;
@@ -42,7 +45,7 @@ fn main(@builtin(local_invocation_index) l: u32) {
             let w = m[j];
             above += u32(w > v);
             at_least += u32(w >= v);
-            first = first && !(w == v && j < l);
+            first = first && !(w == v && j < s);
         }
         if (first && above < want.k && want.k <= at_least) {
             found.floor = v;
