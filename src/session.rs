@@ -480,6 +480,37 @@ mod tests {
         assert_eq!(fed(1, 1), [1]);
     }
 
+    /// What a sampler needs decides what a step keeps.
+    #[test]
+    fn steps_keep_what_the_sampler_needs() {
+        let keep = |temperature, top_k, repeat_penalty| {
+            let s = Sampler::new(crate::sampling::SamplingParams {
+                temperature,
+                top_k,
+                repeat_penalty,
+                ..Default::default()
+            });
+            Keep::for_sampler(&s, 1000)
+        };
+        assert_eq!(keep(0.0, 40, 1.0), Keep::Greedy);
+        assert_eq!(keep(0.0, 40, 1.1), Keep::TopK { k: 1, window: 64 });
+        assert_eq!(keep(0.8, 40, 1.0), Keep::TopK { k: 40, window: 0 });
+        assert_eq!(keep(0.8, 40, 1.1), Keep::TopK { k: 40, window: 64 });
+        assert_eq!(keep(0.8, 0, 1.0), Keep::Logits);
+        assert_eq!(keep(0.8, 1000, 1.0), Keep::Logits);
+    }
+
+    /// The tokens a step lists for the penalty include those it processes.
+    #[test]
+    fn a_step_lists_the_tokens_it_processes_too() {
+        let (mut s, _) = session(u32::MAX);
+        s.feed(&[5, 6, 7]).unwrap();
+        assert_eq!(s.penalised_after(&[7, 9], 3), [7, 9]);
+        assert_eq!(s.penalised_after(&[7, 9], 4), [6, 7, 9]);
+        assert_eq!(s.penalised_after(&[], 2), [6, 7]);
+        assert!(s.penalised_after(&[1], 0).is_empty());
+    }
+
     #[test]
     fn first_batch_of_a_short_prompt_is_a_single_token() {
         assert_eq!(first_batch(1), 1);
