@@ -190,7 +190,8 @@ pub struct Session {
     pub keep: Keep,
     /// The greedy next token, after a step that kept only that.
     greedy_next: Option<u32>,
-    /// The k best candidates, after a step that kept only those.
+    /// Top-k's candidates (and the penalised tokens'), after a step that kept only
+    /// those.
     best: Vec<Cand>,
 }
 

@@ -1050,6 +1050,7 @@ impl GpuModel {
         }
         Ok(())
     }
+
     fn run_step<T: bytemuck::Pod>(
         &mut self,
         input: Input<'_>,
@@ -1124,7 +1125,6 @@ impl GpuModel {
             let d = crate::ops::argmax::gpu(&self.ctx, &self.step, &self.last.1, &buf, n)?;
             self.argmax = Some((d, buf));
         }
-
         let info = StepInfo::new(pos, n);
         q.write_buffer(&self.step, 0, bytemuck::bytes_of(&info));
         let none: &[Dispatch] = &[];
