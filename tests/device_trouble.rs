@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use wgllm::gguf::GgufFile;
 use wgllm::gpu::{DeviceOptions, GpuContext};
-use wgllm::model::gpu_backend::{GpuModel, LoadOptions, Logits};
+use wgllm::model::gpu_backend::{GpuModel, Input, LoadOptions, Logits};
 use wgllm::model::Config;
 use wgllm::tokenizer::Tokenizer;
 
@@ -244,6 +244,34 @@ fn assert_close_logits(a: &[f32], b: &[f32], what: &str, rel: f32) {
             .map(|(i, _)| i)
     };
     assert_eq!(argmax(a), argmax(b), "{what} logits: greedy tokens differ");
+}
+
+/// Top-k sampling's passes bind four storage buffers at most, so a device with GLES
+/// 3.1's four and wgpu's default limits runs them, and picks the host's candidates.
+#[test]
+fn few_storage_buffers_choose_top_k_on_the_device() {
+    let small = DeviceOptions {
+        max_storage_buffers: Some(4),
+        default_limits: true,
+        top_k_on_device: Some(true),
+        ..Default::default()
+    };
+    let (mut m, tok) = load(&small, 16).unwrap();
+    let ids = tok
+        .encode("The capital of France is", false, false)
+        .unwrap();
+    let logits = m.step(&ids, 0, Logits::Last).unwrap();
+    let listed = [ids[1], 7];
+    let got = m
+        .step_top_k_io(Input::Tokens(&ids), 0, 40, &listed)
+        .unwrap();
+    let mut best = got.clone();
+    wgllm::sampling::keep_best(&mut best, 42);
+    assert_eq!(best, wgllm::sampling::top_k(&logits, 42));
+    let want = wgllm::sampling::candidates(&logits, 40, &listed);
+    for c in want.iter().filter(|c| listed.contains(&c.0)) {
+        assert!(got.contains(c), "{c:?}");
+    }
 }
 
 #[test]
