@@ -9,10 +9,9 @@
 // The host makes each workgroup's rows whole heads (`wg_rows` a multiple of head_dim)
 // and keeps the product in one part, so a workgroup reads back only rows it stored.
 // Where V is a product of its own (`rp.v_apart`, recorded before this one), `y2` is
-// its output and the workgroups share its rows.
+// its output and the workgroups share its rows. The parameters:
+// common/rope_store_params.wgsl.
 
-
-// common/rope_store_params.wgsl
 @group(0) @binding(9) var<uniform> rp: RopeStoreParams;
 @group(0) @binding(10) var<storage, read_write> k_cache: array<u32>;
 @group(0) @binding(11) var<storage, read_write> v_cache: array<u32>;

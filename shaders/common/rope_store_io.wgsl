@@ -5,7 +5,6 @@
 // q: [head_dim, n_heads, n_tokens] f32; k_new, v_new: [kv_dim, n_tokens] f32 (K left
 // unrotated); k_cache, v_cache: as in kv_store.wgsl.
 
-
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: RopeStoreParams;
 @group(0) @binding(2) var<storage, read_write> q: array<f32>;

@@ -23,6 +23,18 @@ struct Want {
 const MAX_SPANS: u32 = 256u;
 const MAX_LISTED: u32 = 64u;
 
+// The candidate list (`topk_floor` empties it and sets its floor, `topk_gather` fills
+// it): its count, which goes on past `cap` when the list is full; its floor; the
+// listed tokens' keys; then the (key, id) pairs.
+struct Found {
+    count: atomic<u32>,
+    floor: u32,
+    _pad0: u32,
+    _pad1: u32,
+    listed: array<u32, MAX_LISTED>,
+    pairs: array<vec2<u32>>,
+}
+
 // A logit's bits as a key in the host's order (`sampling`'s sanitised logits compared
 // with `f32::total_cmp`): NaN ranks as -inf, +inf as the largest finite float, -0
 // below +0. Larger logits give larger keys. The smallest key a logit can have is

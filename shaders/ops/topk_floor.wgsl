@@ -4,14 +4,7 @@
 // candidate list that the third pass (`topk_gather`) appends to.
 //
 // maxima: [spans] keys; found: the list's count and floor, then the listed tokens'
-// keys and the (key, id) pairs
-
-struct Found {
-    count: u32,
-    floor: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
+// keys and the (key, id) pairs (`Found`, common/top_k.wgsl)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -52,6 +45,6 @@ fn main(@builtin(local_invocation_index) l: u32) {
         }
     }
     if (l == 0u) {
-        found.count = 0u;
+        atomicStore(&found.count, 0u);
     }
 }

@@ -5,16 +5,7 @@
 // One more workgroup writes the keys of the tokens the step listed.
 //
 // logits: [n] f32 read as words; maxima: [spans] keys; found: count, floor, the listed
-// tokens' keys, then the (key, id) pairs
-
-struct Found {
-    count: atomic<u32>,
-    floor: u32,
-    _pad0: u32,
-    _pad1: u32,
-    listed: array<u32, MAX_LISTED>,
-    pairs: array<vec2<u32>>,
-}
+// tokens' keys, then the (key, id) pairs (`Found`, common/top_k.wgsl)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;

@@ -24,9 +24,13 @@ impl Readback {
         Readback { staging, capacity }
     }
 
-    /// Bytes the staging buffer holds.
-    pub fn capacity(&self) -> u64 {
-        self.capacity
+    /// Make room for readbacks of `bytes`: a larger staging buffer where this one is
+    /// smaller, never a smaller one (each output a model reads back needs its own size:
+    /// logits of a token or of a batch, top-k's candidate list).
+    pub fn reserve(&mut self, ctx: &GpuContext, bytes: u64) {
+        if bytes > self.capacity {
+            *self = Readback::new(ctx, bytes);
+        }
     }
 
     /// Record a copy of `bytes` bytes from `src` at `offset` into the staging buffer.

@@ -1044,10 +1044,8 @@ impl GpuModel {
         });
         // A small model's staging buffer, sized for its logits, may hold less than the
         // list.
-        let bytes = words(crate::ops::top_k::FOUND_WORDS);
-        if self.readback.capacity() < bytes {
-            self.readback = Readback::new(&self.ctx, bytes);
-        }
+        self.readback
+            .reserve(&self.ctx, words(crate::ops::top_k::FOUND_WORDS));
         Ok(())
     }
 
@@ -1110,10 +1108,8 @@ impl GpuModel {
             let buf = storage(&self.ctx, "logits_all", act_bytes(self.cfg.n_vocab, nb))?;
             let plan = self.record(|r, m| m.record_head(r, &buf, Columns::All))?;
             self.all = Some((plan, buf, nb));
-            self.readback = Readback::new(
-                &self.ctx,
-                act_bytes(self.cfg.n_vocab, nb).max(act_bytes(self.cfg.n_embd, self.max_batch)),
-            );
+            self.readback
+                .reserve(&self.ctx, act_bytes(self.cfg.n_vocab, nb));
         }
         if output == Output::Argmax && self.argmax.is_none() {
             let n = self.cfg.n_vocab;
