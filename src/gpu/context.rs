@@ -155,6 +155,9 @@ pub struct GpuContext {
     pub forced_mul_mat: Option<String>,
     /// Where top-k sampling's candidates are chosen ([`DeviceOptions::top_k_on_device`]).
     top_k_here: bool,
+    /// Whether device memory is the host's, to be backed by huge pages
+    /// ([`GpuContext::advise_huge_pages`]).
+    huge_pages: bool,
     /// Kernel variants measured fastest on this adapter (`wgllm-bench kernels --save`).
     pub tuned: super::tuning::Choices,
     pub pipelines: super::pipelines::PipelineCache,
@@ -429,9 +432,11 @@ impl GpuContext {
         });
         let forced_weights = forced_weights(opts, &info, &limits)?;
         let top_k_here = top_k_on_device(opts, &info)?;
+        let huge_pages = super::huge_pages::wanted(info.device_type)?;
         Ok(GpuContext {
             unused_output,
             forced_weights,
+            huge_pages,
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             adapter,
@@ -510,6 +515,24 @@ impl GpuContext {
     /// logit back (`ops::top_k`; [`DeviceOptions::top_k_on_device`]).
     pub fn top_k_on_device(&self) -> bool {
         self.top_k_here
+    }
+
+    /// On a CPU-hosted device, ask the host's kernel to back the device memory
+    /// allocated so far with huge pages where it is not yet touched
+    /// ([`super::huge_pages`]): call it after creating resources and before filling
+    /// them. Does nothing on other devices or with `WGLLM_HUGE_PAGES=off`.
+    pub fn advise_huge_pages(&self) {
+        if self.huge_pages {
+            super::huge_pages::advise();
+        }
+    }
+
+    /// After [`Self::advise_huge_pages`]'s fills: memory touched from now on gets small
+    /// pages again ([`super::huge_pages::end`]).
+    pub fn end_huge_pages(&self) {
+        if self.huge_pages {
+            super::huge_pages::end();
+        }
     }
 
     /// Largest range one storage binding may cover, in bytes.

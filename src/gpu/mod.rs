@@ -2,6 +2,7 @@
 //! readback and the kernel choices measured per device ([`tuning`]). Kernels themselves live in `crate::ops`.
 
 pub mod context;
+pub mod huge_pages;
 pub mod layout;
 pub mod pipelines;
 pub mod profile;

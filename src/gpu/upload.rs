@@ -337,6 +337,8 @@ fn upload_rows(
         let view = texture.create_view(&Default::default());
         PartMemory::Texture(texture, view)
     };
+    // The part's memory is fresh: the fill below is its first touch.
+    ctx.advise_huge_pages();
     let target = match &part {
         PartMemory::Buffer(b) => Target::Buffer(b),
         PartMemory::Texture(t, _) => Target::Texture(t),

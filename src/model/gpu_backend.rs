@@ -765,6 +765,9 @@ impl GpuModel {
             s.spawn(|| super::gpu_warm::warm(&ctx, file, &cfg, (&layers, opts.head), batch));
             upload_weights(&ctx, file, &cfg, &layers, opts.head, opts.progress)
         })?;
+        // Huge pages for the weights, read whole every step, but not for the caches
+        // and activations, mostly untouched at short contexts.
+        ctx.end_huge_pages();
         let max_binding = ctx.max_binding();
         // Attention runs in chunks of a batch whose probabilities fit a modest scratch
         // (and one binding); one token's must fit.

@@ -1,7 +1,7 @@
 //! Read-bandwidth probes (`read_peak.wgsl`): the device's practical peak for streaming
 //! reads, measured in the same run as the kernels so "% of peak" compares like with like.
 
-use wgllm::gpu::upload::{storage, storage_init};
+use wgllm::gpu::upload::storage;
 use wgllm::gpu::GpuContext;
 use wgllm::{Error, Result};
 
@@ -150,7 +150,13 @@ pub fn measure(
     let words: Vec<u32> = (0..n_vec4 * 4)
         .map(|i| i.wrapping_mul(2654435761))
         .collect();
-    let src = storage_init(ctx, "peak src", &words);
+    // Created, then (on CPU-hosted devices) marked for huge pages before the writes
+    // first touch them, as the weights' memory is: the peak and the kernels read the
+    // same kind of pages.
+    let src = storage(ctx, "peak src", bytes)?;
+    ctx.advise_huge_pages();
+    ctx.queue
+        .write_buffer(&src, 0, bytemuck::cast_slice(&words));
     let tex_view = texture(ctx, &words);
     drop(words);
     let ubo_init: Vec<u32> = (0..4096 * 4).collect();
@@ -279,6 +285,7 @@ fn texture(ctx: &GpuContext, words: &[u32]) -> wgpu::TextureView {
     use wgllm::gpu::upload::{weight_texture, TEX_W};
     let height = ((words.len() / 4) as u32 / TEX_W).clamp(1, ctx.limits.max_texture_dimension_2d);
     let tex = weight_texture(ctx, "peak texture", height);
+    ctx.advise_huge_pages();
     let size = tex.size();
     let n = (TEX_W * height * 4) as usize;
     if words.len() >= n {
