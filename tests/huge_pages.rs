@@ -62,10 +62,12 @@ fn lavapipe_holds_the_weights_in_huge_pages() {
     );
     let logits = model.step(&[1, 2, 3, 4], 0, Logits::Last).expect("step");
     assert!(logits.iter().all(|v| v.is_finite()));
-    // The caches of a 4096-token context, touched at four positions, stay small pages.
+    // The caches of a 4096-token context, touched at four positions, stay small pages
+    // (where the kernel gives huge pages only to regions that ask: with `always`, any
+    // new allocation of the step may get them).
     let stepped = huge_kib();
     assert!(
-        stepped <= loaded + 4096,
+        !thp.contains("[madvise]") || stepped <= loaded + 4096,
         "a step grew huge pages from {loaded} to {stepped} KiB"
     );
 }
