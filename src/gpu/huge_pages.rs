@@ -61,7 +61,11 @@ pub fn advise() {
 /// in 4 KiB pages, while what [`advise`] made huge stays so.
 pub fn end() {
     #[cfg(target_os = "linux")]
-    linux::mark_large_regions(libc::MADV_NOHUGEPAGE);
+    {
+        linux::mark_large_regions(libc::MADV_NOHUGEPAGE);
+        // The next load's first `advise` marks them again, whatever the size then.
+        linux::forget_address_space();
+    }
 }
 
 /// The address ranges of the anonymous, private, writable mappings in `maps` (the
@@ -88,10 +92,8 @@ fn anonymous_writable(line: &str) -> Option<std::ops::Range<usize>> {
     let (range, perms) = (fields.next()?, fields.next()?);
     // offset, device, inode, then the path if any.
     let inode = fields.nth(2)?;
-    if fields.next().is_some() || inode != "0" || !perms.starts_with("rw") {
-        return None;
-    }
-    if !perms.ends_with('p') {
+    let private_rw = perms.starts_with("rw") && perms.ends_with('p');
+    if fields.next().is_some() || inode != "0" || !private_rw {
         return None;
     }
     let (start, end) = range.split_once('-')?;
@@ -105,11 +107,14 @@ mod linux {
     use super::{large_anonymous_regions, MIN_REGION};
     use std::sync::atomic::{AtomicU64, Ordering};
 
+    /// The process's virtual size in pages at the last [`address_space_changed`]; 0:
+    /// none since the start or the last [`forget_address_space`].
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+
     /// Whether the process's virtual size changed since the last call (the first
     /// call: true). Reading `/proc/self/statm` costs a few microseconds where the list
     /// of mappings costs tens, and most parts of a model fit memory already mapped.
     pub(super) fn address_space_changed() -> bool {
-        static SEEN: AtomicU64 = AtomicU64::new(0);
         let pages = std::fs::read_to_string("/proc/self/statm")
             .ok()
             .and_then(|s| s.split_ascii_whitespace().next()?.parse::<u64>().ok());
@@ -117,6 +122,11 @@ mod linux {
             Some(pages) => SEEN.swap(pages, Ordering::Relaxed) != pages,
             None => true,
         }
+    }
+
+    /// Make the next [`address_space_changed`] true.
+    pub(super) fn forget_address_space() {
+        SEEN.store(0, Ordering::Relaxed);
     }
 
     /// Give every anonymous region of at least [`MIN_REGION`] bytes `advice`
