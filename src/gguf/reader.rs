@@ -119,7 +119,8 @@ impl GgufFile {
             // huge pages, a file read into the page cache from here on comes in 2 MiB
             // folios mapped whole, sparing the TLB and the prefetchers a page boundary
             // every 4 KiB: Gemma 3 decoded 6-10% faster from a cold cache
-            // (docs/perf.md, "Huge pages"). A hint: refused, the map stays as it is.
+            // (docs/perf.md, "Huge pages for lavapipe's memory", *The GGUF map*). A
+            // hint: refused, the map stays as it is.
             #[cfg(target_os = "linux")]
             let _ = map.advise(memmap2::Advice::HugePage);
             Storage::Mapped(map)
