@@ -23,12 +23,6 @@ use crate::error::{Error, Result};
 /// Environment variable overriding whether [`advise`] runs: `on` or `off`.
 pub const ENV: &str = "WGLLM_HUGE_PAGES";
 
-/// Regions below this size are left alone: thread stacks (8 MiB) and the allocator's
-/// per-thread heaps are sparse, and a huge page there would be mostly empty memory
-/// made resident. wgpu's device memory blocks are 128-256 MiB and its large textures
-/// have their own allocation, merged with their neighbours in the address space.
-const MIN_REGION: usize = 32 << 20;
-
 /// Whether device memory should be backed by huge pages: as `WGLLM_HUGE_PAGES` says
 /// if set, else on CPU-hosted devices only (a GPU's memory is not the host's).
 pub fn wanted(device_type: wgpu::DeviceType) -> Result<bool> {
@@ -104,8 +98,15 @@ fn anonymous_writable(line: &str) -> Option<std::ops::Range<usize>> {
 
 #[cfg(target_os = "linux")]
 mod linux {
-    use super::{large_anonymous_regions, MIN_REGION};
+    use super::large_anonymous_regions;
     use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Regions below this size are left alone: thread stacks (8 MiB) and the
+    /// allocator's per-thread heaps are sparse, and a huge page there would be mostly
+    /// empty memory made resident. wgpu's device memory blocks are 128-256 MiB and its
+    /// large textures have their own allocation, merged with their neighbours in the
+    /// address space.
+    const MIN_REGION: usize = 32 << 20;
 
     /// The process's virtual size in pages at the last [`address_space_changed`]; 0:
     /// none since the start or the last [`forget_address_space`].
