@@ -53,16 +53,28 @@ pub const TOP_K_ENV: &str = "WGLLM_TOP_K";
 /// CPU-hosted devices: their readback is a copy within the host's memory, cheaper than
 /// three small passes (Gemma 3 on lavapipe: 1.05 ms of passes a step, docs/perf.md).
 fn top_k_on_device(opts: &DeviceOptions, info: &wgpu::AdapterInfo) -> Result<bool> {
-    match (opts.top_k_on_device, std::env::var(TOP_K_ENV)) {
-        (Some(on), _) => Ok(on),
-        (None, Err(_)) => Ok(info.device_type != wgpu::DeviceType::Cpu),
-        (None, Ok(v)) => match v.as_str() {
-            "device" => Ok(true),
-            "host" => Ok(false),
-            _ => Err(Error::invalid(format!(
-                "{TOP_K_ENV}={v:?}: expected device or host"
-            ))),
-        },
+    let from_env = || env_switch(TOP_K_ENV, ["device", "host"]);
+    match opts.top_k_on_device {
+        Some(on) => Ok(on),
+        None => Ok(from_env()?.unwrap_or(info.device_type != wgpu::DeviceType::Cpu)),
+    }
+}
+
+/// A two-way switch in environment variable `name`: `Some(true)` for its first word,
+/// `Some(false)` for its second, `None` where it is not set.
+pub(crate) fn env_switch(name: &str, words: [&str; 2]) -> Result<Option<bool>> {
+    parse_switch(name, std::env::var(name).ok().as_deref(), words)
+}
+
+/// [`env_switch`] given the variable's value, if set.
+fn parse_switch(name: &str, value: Option<&str>, [on, off]: [&str; 2]) -> Result<Option<bool>> {
+    match value {
+        None => Ok(None),
+        Some(v) if v == on => Ok(Some(true)),
+        Some(v) if v == off => Ok(Some(false)),
+        Some(v) => Err(Error::invalid(format!(
+            "{name}={v:?}: expected {on} or {off}"
+        ))),
     }
 }
 
@@ -624,7 +636,21 @@ impl GpuContext {
 
 #[cfg(test)]
 mod tests {
-    use super::has_entry;
+    use super::{has_entry, parse_switch};
+
+    #[test]
+    fn a_switch_reads_its_two_words_only() {
+        let words = ["on", "off"];
+        assert_eq!(parse_switch("X", None, words).unwrap(), None);
+        assert_eq!(parse_switch("X", Some("on"), words).unwrap(), Some(true));
+        assert_eq!(parse_switch("X", Some("off"), words).unwrap(), Some(false));
+        let e = parse_switch("WGLLM_TOP_K", Some("gpu"), ["device", "host"]).unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.contains("WGLLM_TOP_K=\"gpu\": expected device or host"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn device_nodes_are_found_by_prefix() {

@@ -18,7 +18,7 @@
 //! `WGLLM_HUGE_PAGES=off` turns this off; `on` asks for it on any device (for
 //! measuring it where the default leaves it off).
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Environment variable overriding whether [`advise`] runs: `on` or `off`.
 pub const ENV: &str = "WGLLM_HUGE_PAGES";
@@ -26,17 +26,8 @@ pub const ENV: &str = "WGLLM_HUGE_PAGES";
 /// Whether device memory should be backed by huge pages: as `WGLLM_HUGE_PAGES` says
 /// if set, else on CPU-hosted devices only (a GPU's memory is not the host's).
 pub fn wanted(device_type: wgpu::DeviceType) -> Result<bool> {
-    choose(std::env::var(ENV).ok().as_deref(), device_type)
-}
-
-/// [`wanted`] given the variable's value, if set.
-fn choose(var: Option<&str>, device_type: wgpu::DeviceType) -> Result<bool> {
-    match var {
-        None => Ok(device_type == wgpu::DeviceType::Cpu),
-        Some("on") => Ok(true),
-        Some("off") => Ok(false),
-        Some(v) => Err(Error::invalid(format!("{ENV}={v:?}: expected on or off"))),
-    }
+    let set = super::context::env_switch(ENV, ["on", "off"])?;
+    Ok(set.unwrap_or(device_type == wgpu::DeviceType::Cpu))
 }
 
 /// Ask for huge pages in the process's large anonymous regions (device memory on a
@@ -185,17 +176,6 @@ mod tests {
         let maps = "zz-7f00 rw-p 0 00:00 0\n7f0000000000-7f0004000000 rw-p 0 00:00\n\
                     7f0004000000-7f0000000000 rw-p 0 00:00 0\n";
         assert!(large_anonymous_regions(maps, 0).is_empty());
-    }
-
-    #[test]
-    fn the_switch_reads_on_and_off_only() {
-        use wgpu::DeviceType::{Cpu, DiscreteGpu};
-        assert!(choose(None, Cpu).unwrap());
-        assert!(!choose(None, DiscreteGpu).unwrap());
-        assert!(choose(Some("on"), DiscreteGpu).unwrap());
-        assert!(!choose(Some("off"), Cpu).unwrap());
-        let e = choose(Some("yes"), Cpu).unwrap_err().to_string();
-        assert!(e.contains("WGLLM_HUGE_PAGES=\"yes\""), "{e}");
     }
 
     /// The `VmFlags` of the mapping holding `addr`, from `/proc/self/smaps`.
