@@ -5,11 +5,13 @@
 //!   wgllm-bench peak [--all]
 //!   wgllm-bench synth --arch llama --size 1b --type q4_0 [--pure] [--layers N] -o FILE
 //!   wgllm-bench upload [--mib 64]
+//!   wgllm-bench sync [--phases 150] [--items 16] [--workgroups 2,16]
 
 mod kernels;
 mod model;
 mod peak;
 mod report;
+mod sync;
 mod synth;
 mod timing;
 mod upload;
@@ -37,6 +39,8 @@ enum Cmd {
     Synth(synth::SynthArgs),
     /// Weight upload bandwidth against the device's write bandwidth.
     Upload(upload::UploadArgs),
+    /// A chain of dependent steps as dispatches against phases of one dispatch.
+    Sync(sync::SyncArgs),
 }
 
 #[derive(clap::Args)]
@@ -65,6 +69,7 @@ fn main() {
         Cmd::Model(a) => model::run(&a),
         Cmd::Synth(a) => synth::run(&a),
         Cmd::Upload(a) => upload::run(&a),
+        Cmd::Sync(a) => sync::run(&a),
     };
     if let Err(e) = r {
         eprintln!("error: {e}");
