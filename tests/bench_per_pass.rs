@@ -3,18 +3,11 @@
 
 mod common;
 
-use std::process::{Command, Output};
-
-fn bench(args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgllm-bench"));
-    cmd.args(args);
-    common::with_runtime_dir(&mut cmd);
-    cmd.output().unwrap()
-}
+use common::{bench, bench_json};
 
 /// The median per product of one Q4_0 576x1536 product timed `per_pass` to a pass.
 fn median_ms(per_pass: &str) -> f64 {
-    let out = bench(&[
+    let doc = bench_json(&[
         "kernels",
         "--type",
         "q4_0",
@@ -30,12 +23,6 @@ fn median_ms(per_pass: &str) -> f64 {
         per_pass,
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["per_pass"], per_pass.parse::<u32>().unwrap(), "{doc}");
     let results = doc["results"].as_array().unwrap();
     assert_eq!(results.len(), 1, "{doc}");

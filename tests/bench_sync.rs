@@ -5,18 +5,12 @@
 
 mod common;
 
-use std::process::{Command, Output};
-
-fn bench(args: &[&str]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgllm-bench"));
-    cmd.arg("sync").args(args);
-    common::with_runtime_dir(&mut cmd);
-    cmd.output().unwrap()
-}
+use common::{bench, bench_json};
 
 #[test]
 fn phases_of_one_dispatch_keep_their_order() {
-    let out = bench(&[
+    let doc = bench_json(&[
+        "sync",
         "--phases",
         "60",
         "--items",
@@ -27,12 +21,6 @@ fn phases_of_one_dispatch_keep_their_order() {
         "2",
         "--json",
     ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let results = doc["results"].as_array().unwrap();
     let chains: Vec<(&str, u64)> = results
         .iter()
@@ -63,11 +51,11 @@ fn phases_of_one_dispatch_keep_their_order() {
 #[test]
 fn work_beyond_the_loop_budget_is_refused() {
     // 1024 phases of 64 items would leave a workgroup no loop trips for waiting.
-    let out = bench(&["--phases", "1024", "--items", "64"]);
+    let out = bench(&["sync", "--phases", "1024", "--items", "64"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("1024 phases of 64 items"), "{err}");
-    let out = bench(&["--phases", "0"]);
+    let out = bench(&["sync", "--phases", "0"]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--phases 0 is outside 1..=1024"), "{err}");

@@ -206,6 +206,26 @@ pub fn model_path(file: &str) -> std::path::PathBuf {
 
 /// Gives a child process a runtime folder where the environment has none: the Vulkan
 /// loader's Wayland probe prints its own "error:" lines when XDG_RUNTIME_DIR is unset.
+/// `wgllm-bench` run with `args` (on the default adapter).
+pub fn bench(args: &[&str]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_wgllm-bench"));
+    cmd.args(args);
+    with_runtime_dir(&mut cmd);
+    cmd.output().unwrap()
+}
+
+/// The JSON report of `wgllm-bench` run with `args` (which ask for one), which must
+/// succeed.
+pub fn bench_json(args: &[&str]) -> serde_json::Value {
+    let out = bench(args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 pub fn with_runtime_dir(cmd: &mut std::process::Command) {
     if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
         let dir = std::env::temp_dir().join(format!("wgllm-xdg-{}", std::process::id()));
