@@ -63,7 +63,8 @@ pub const CHAINS_ENV: &str = "WGLLM_CHAINS";
 /// GPU's dispatch costs little and its workgroups have no promise of running beside
 /// each other, on which a chain's waits would spend their time.
 fn chains_here(opts: &DeviceOptions, info: &wgpu::AdapterInfo) -> Result<bool> {
-    let default = info.device_type == wgpu::DeviceType::Cpu && info.backend == wgpu::Backend::Vulkan;
+    let default =
+        info.device_type == wgpu::DeviceType::Cpu && info.backend == wgpu::Backend::Vulkan;
     match opts.chains {
         Some(on) => Ok(on),
         None => Ok(env_switch(CHAINS_ENV, ["on", "off"])?.unwrap_or(default)),

@@ -275,7 +275,8 @@ pub(crate) fn compile(
     // uniform field sized from a tensor (under 2^27 chunks, far from wrapping a u32).
     let module = unsafe { device.create_shader_module_trusted(desc, runtime_checks()) };
     let layout = groups.map(|groups| {
-        let groups: Vec<Option<&wgpu::BindGroupLayout>> = groups.iter().copied().map(Some).collect();
+        let groups: Vec<Option<&wgpu::BindGroupLayout>> =
+            groups.iter().copied().map(Some).collect();
         device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(label),
             bind_group_layouts: &groups,

@@ -83,7 +83,9 @@ fn move_bindings(src: &str, base: u32) -> Result<String> {
         }
         let after = after[close + 1..].trim_start();
         let Some(b) = after.strip_prefix("@binding(") else {
-            return Err(Error::gpu("joining kernels: @group without @binding after it"));
+            return Err(Error::gpu(
+                "joining kernels: @group without @binding after it",
+            ));
         };
         let close = matching_paren(b)?;
         let n: u32 = b[..close]
@@ -143,8 +145,7 @@ fn split_directives(src: &str) -> (Vec<String>, String) {
     let mut rest = String::with_capacity(src.len());
     for line in src.lines() {
         let t = line.trim_start();
-        if t.starts_with("enable ") || t.starts_with("requires ") || t.starts_with("diagnostic(")
-        {
+        if t.starts_with("enable ") || t.starts_with("requires ") || t.starts_with("diagnostic(") {
             dirs.push(t.trim().to_string());
         } else {
             rest.push_str(line);
@@ -326,7 +327,10 @@ fn module_names(tokens: &[Token<'_>]) -> Vec<String> {
             "}" => depth -= 1,
             _ => {}
         }
-        let declares = matches!(t.text, "fn" | "struct" | "const" | "override" | "alias" | "var");
+        let declares = matches!(
+            t.text,
+            "fn" | "struct" | "const" | "override" | "alias" | "var"
+        );
         if depth == 0 && t.kind == Kind::Ident && declares {
             let mut j = next_solid(tokens, i);
             // `var<storage, read_write> name`
@@ -471,6 +475,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let src = format!("{}\n{}", k.directives.join("\n"), k.body);
         let module = naga::front::wgsl::parse_str(&src).unwrap();
         assert!(module.entry_points.is_empty());
-        assert!(module.functions.iter().any(|(_, f)| f.name.as_deref() == Some("main_ch2")));
+        assert!(module
+            .functions
+            .iter()
+            .any(|(_, f)| f.name.as_deref() == Some("main_ch2")));
     }
 }

@@ -1293,8 +1293,15 @@ impl GpuModel {
             .collect())
     }
 
+    /// Dispatches that chains spare a single-token step ([`crate::ops::chain`]): 0
+    /// where the device runs none.
+    pub fn chained_dispatches(&self) -> usize {
+        self.chains.as_ref().map_or(0, |c| c.saved())
+    }
+
     /// Number of kernel dispatches a generation step runs (of one token, at the start
-    /// of the context): the recorded ones whose grid is not empty then.
+    /// of the context): the recorded ones whose grid is not empty then (chains apart:
+    /// [`Self::chained_dispatches`]).
     pub fn dispatches_per_step(&self) -> usize {
         let s = StepInfo::new(0, 1);
         let runs = |d: &&Dispatch| d.grid(&s).iter().all(|&n| n > 0);

@@ -137,7 +137,7 @@ impl Bindings {
     fn fits(self, ctx: &GpuContext) -> bool {
         let l = &ctx.limits;
         self.uniform <= l.max_uniform_buffers_per_shader_stage
-            && self.storage <= l.max_storage_buffers_per_shader_stage.min(std::env::var("SCRATCH_SCAP").ok().and_then(|v| v.parse().ok()).unwrap_or(99))
+            && self.storage <= l.max_storage_buffers_per_shader_stage
             && self.textures <= l.max_storage_textures_per_shader_stage
     }
 }
@@ -188,11 +188,10 @@ fn writable_source(src: &str) -> String {
 /// The runs of `plan` that single-token steps could run as chains.
 fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
     let step = probe_step();
-    let max_phases = MAX_PHASES.min(std::env::var("SCRATCH_MAXPH").ok().and_then(|v| v.parse().ok()).unwrap_or(99));
     let mut out = Vec::new();
     let mut cur: Option<Run> = None;
     let close = |cur: &mut Option<Run>, out: &mut Vec<Run>| {
-        if let Some(r) = cur.take().filter(|r| r.members.len() >= std::env::var("SCRATCH_MINPH").ok().and_then(|v| v.parse().ok()).unwrap_or(2)) {
+        if let Some(r) = cur.take().filter(|r| r.members.len() >= 2) {
             out.push(r);
         }
     };
@@ -201,9 +200,8 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
         if grid.contains(&0) && !d.copies_in(&step) {
             continue;
         }
-        let skip = std::env::var("SCRATCH_NOCHAIN").ok().is_some_and(|v| d.label.contains(v.as_str()));
         let joins = match (deferred(d), d.chainable) {
-            (Some(_), Some(c)) if !d.copies_in(&step) && !skip => Some(c),
+            (Some(_), Some(c)) if !d.copies_in(&step) => Some(c),
             _ => None,
         };
         let Some(c) = joins else {
@@ -216,7 +214,7 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
         let extend = cur.as_ref().is_some_and(|r| {
             let phases = r.members.len() as u64 + 1;
             let total = r.work + work + phases * TRIPS_PER_PHASE + 64;
-            r.members.len() < max_phases
+            r.members.len() < MAX_PHASES
                 && total + phases * MIN_SPIN <= TRIP_BUDGET
                 && r.bindings.add(bindings).fits(ctx)
         });
@@ -249,11 +247,6 @@ impl Chains {
             return Ok(None);
         }
         let runs = runs(ctx, plan);
-        if std::env::var_os("SCRATCH_CHAIN_DEBUG").is_some() {
-            let l = &ctx.limits;
-            eprintln!("limits u{} s{} t{}", l.max_uniform_buffers_per_shader_stage, l.max_storage_buffers_per_shader_stage, l.max_storage_textures_per_shader_stage);
-            for r in &runs { eprintln!("run {:?} members {:?} bindings {:?} work {} spin {}", r.range, r.members, r.bindings, r.work, r.spin()); }
-        }
         if runs.len() < 2 {
             return Ok(None);
         }
@@ -270,8 +263,11 @@ impl Chains {
         }
         let mut chains = Vec::with_capacity(runs.len());
         for (c, r) in runs.iter().enumerate() {
-            let members: Vec<&Arc<Deferred>> =
-                r.members.iter().filter_map(|&m| deferred(&plan[m])).collect();
+            let members: Vec<&Arc<Deferred>> = r
+                .members
+                .iter()
+                .filter_map(|&m| deferred(&plan[m]))
+                .collect();
             let key: Vec<String> = members
                 .iter()
                 .map(|d| format!("{}{:?}", d.label(), d.constants()))
@@ -297,15 +293,16 @@ impl Chains {
             }
             let uniform = super::uniform(ctx, "chain params", &params);
             let mut entries = Vec::new();
+            let member_at = member_bases(&members);
             for (k, &m) in r.members.iter().enumerate() {
                 for (b, h) in (0u32..).zip(&plan[m].resources) {
                     entries.push(wgpu::BindGroupEntry {
-                        binding: member_base(k) + b,
+                        binding: member_at[k] + b,
                         resource: h.resource(),
                     });
                 }
             }
-            let own = member_base(r.members.len());
+            let own = own_base();
             entries.push(wgpu::BindGroupEntry {
                 binding: own,
                 resource: counts.as_entire_binding(),
@@ -361,7 +358,7 @@ impl Chains {
 
 /// The module of a chain of `members`: each joined, then the driver and its entry point.
 fn chain_source(members: &[&Arc<Deferred>]) -> Result<(String, Vec<(String, f64)>)> {
-    let n = members.len();
+    let bases = member_bases(members);
     let mut directives: Vec<String> = Vec::new();
     let mut bodies = String::new();
     let mut constants = Vec::new();
@@ -369,7 +366,7 @@ fn chain_source(members: &[&Arc<Deferred>]) -> Result<(String, Vec<(String, f64)
     let mut lanes: Option<f64> = None;
     let mut ws0 = String::new();
     for (k, d) in members.iter().enumerate() {
-        let linked = wgsl_link::link(&writable_source(d.source()), k, member_base(k))?;
+        let linked = wgsl_link::link(&writable_source(d.source()), k, bases[k])?;
         for dir in &linked.directives {
             if !directives.contains(dir) {
                 directives.push(dir.clone());
@@ -391,7 +388,13 @@ fn chain_source(members: &[&Arc<Deferred>]) -> Result<(String, Vec<(String, f64)
             .iter()
             .find(|(c, _)| *c == linked.workgroup_size)
             .map(|(_, v)| *v)
-            .or_else(|| linked.workgroup_size.trim_end_matches('u').parse::<f64>().ok());
+            .or_else(|| {
+                linked
+                    .workgroup_size
+                    .trim_end_matches('u')
+                    .parse::<f64>()
+                    .ok()
+            });
         match (size, lanes) {
             (None, _) => {
                 return Err(Error::gpu(format!(
@@ -411,14 +414,12 @@ fn chain_source(members: &[&Arc<Deferred>]) -> Result<(String, Vec<(String, f64)
         if k == 0 {
             ws0 = linked.workgroup_size.clone();
         }
-        if k == 0 || std::env::var_os("SCRATCH_NOCALL").is_none() {
-            calls.push_str(&phase_call(k, &linked)?);
-        }
+        calls.push_str(&phase_call(k, &linked)?);
     }
     let mut src = directives.join("\n");
     src.push('\n');
     src.push_str(&bodies);
-    let own = member_base(n);
+    let own = own_base();
     let driver = CHAIN_WGSL
         .replace("CHAIN_BINDING_1", &(own + 1).to_string())
         .replace("CHAIN_BINDING", &own.to_string());
@@ -493,27 +494,45 @@ fn compile(
     let (src, constants) = chain_source(members)?;
     let constants: Vec<(&str, f64)> = constants.iter().map(|(k, v)| (k.as_str(), *v)).collect();
     let mut entries = Vec::new();
+    let bases = member_bases(members);
     for (k, d) in members.iter().enumerate() {
         for (b, kind) in (0u32..).zip(writable(d.bindings())) {
-            entries.push(kind.entry(member_base(k) + b));
+            entries.push(kind.entry(bases[k] + b));
         }
     }
-    let own = member_base(members.len());
+    let own = own_base();
     entries.push(Binding::ReadWrite.entry(own));
     entries.push(Binding::Uniform.entry(own + 1));
     let labels: Vec<&str> = members.iter().map(|d| d.label()).collect();
     let label = format!("chain {}", labels.join(" + "));
-    let layout = ctx.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some(&label),
-        entries: &entries,
-    });
-    let p = crate::gpu::pipelines::compile(&ctx.device, &label, &constants, Some(&[&layout]), &src)?;
+    let layout = ctx
+        .device
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(&label),
+            entries: &entries,
+        });
+    let p =
+        crate::gpu::pipelines::compile(&ctx.device, &label, &constants, Some(&[&layout]), &src)?;
     Ok((Arc::new(p), layout))
 }
 
-/// The first binding of member k (a kernel binds fewer than this many).
-fn member_base(k: usize) -> u32 {
-    32 * k as u32
+/// Each member's first binding: after the chain's own two, one after another, with no
+/// gaps (lavapipe 22.3 corrupted its heap binding a group with gaps in its numbers).
+fn member_bases(members: &[&Arc<Deferred>]) -> Vec<u32> {
+    let mut at = 2;
+    members
+        .iter()
+        .map(|d| {
+            let base = at;
+            at += d.bindings().len() as u32;
+            base
+        })
+        .collect()
+}
+
+/// The chain's own first binding.
+fn own_base() -> u32 {
+    0
 }
 
 /// [`super::record_plan`], with the chains of `plan` in one dispatch each where `step`
@@ -569,7 +588,10 @@ mod tests {
         };
         assert_eq!(run(1000, 4).spin(), MAX_SPIN);
         let tight = run(60_000, 4);
-        assert_eq!(tight.spin(), (TRIP_BUDGET - 60_000 - 4 * TRIPS_PER_PHASE - 64) / 4);
+        assert_eq!(
+            tight.spin(),
+            (TRIP_BUDGET - 60_000 - 4 * TRIPS_PER_PHASE - 64) / 4
+        );
         assert!(tight.spin() >= MIN_SPIN);
         assert_eq!(run(70_000, 2).spin(), 0);
     }
