@@ -34,7 +34,7 @@ struct ChainParams {
 }
 
 @group(0) @binding(CHAIN_BINDING) var<storage, read_write> chain_counts: array<atomic<u32>>;
-@group(0) @binding(CHAIN_BINDING_1) var<uniform> chain: ChainParams;
+@group(0) @binding(CHAIN_BINDING_1) var<storage, read_write> chain: ChainParams;
 
 var<workgroup> chain_shared: u32;
 

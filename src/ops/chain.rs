@@ -112,8 +112,8 @@ struct Bindings {
 impl Bindings {
     /// The chain's own group: its counters and its parameters.
     const CHAIN: Bindings = Bindings {
-        uniform: 1,
-        storage: 1,
+        uniform: 0,
+        storage: 2,
         textures: 0,
     };
 
@@ -174,7 +174,7 @@ fn writable(layout: &[Binding]) -> Vec<Binding> {
     layout
         .iter()
         .map(|b| match b {
-            Binding::Read => Binding::ReadWrite,
+            Binding::Read | Binding::Uniform => Binding::ReadWrite,
             b => *b,
         })
         .collect()
@@ -183,6 +183,7 @@ fn writable(layout: &[Binding]) -> Vec<Binding> {
 /// A member's source in a chain: its storage buffers declared writable ([`writable`]).
 fn writable_source(src: &str) -> String {
     src.replace("var<storage, read>", "var<storage, read_write>")
+        .replace("var<uniform>", "var<storage, read_write>")
 }
 
 /// The runs of `plan` that single-token steps could run as chains.
@@ -210,7 +211,9 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
         };
         let items = u64::from(grid[0]) * u64::from(grid[1]) * u64::from(grid[2]);
         let work = items * (u64::from(c.trips) + TRIPS_PER_ITEM);
-        let bindings = deferred(d).map_or(Bindings::default(), |p| Bindings::of(p.bindings()));
+        let bindings = deferred(d).map_or(Bindings::default(), |p| {
+            Bindings::of(&writable(p.bindings()))
+        });
         let extend = cur.as_ref().is_some_and(|r| {
             let phases = r.members.len() as u64 + 1;
             let total = r.work + work + phases * TRIPS_PER_PHASE + 64;
@@ -291,7 +294,11 @@ impl Chains {
             for (k, g) in r.grids.iter().enumerate() {
                 params.grid[k] = [g[0], g[1], g[2], g[0] * g[1] * g[2]];
             }
-            let uniform = super::uniform(ctx, "chain params", &params);
+            let uniform = crate::gpu::upload::storage_init(
+                ctx,
+                "chain params",
+                std::slice::from_ref(&params),
+            );
             let mut entries = Vec::new();
             let member_at = member_bases(&members);
             for (k, &m) in r.members.iter().enumerate() {
@@ -502,7 +509,7 @@ fn compile(
     }
     let own = own_base();
     entries.push(Binding::ReadWrite.entry(own));
-    entries.push(Binding::Uniform.entry(own + 1));
+    entries.push(Binding::ReadWrite.entry(own + 1));
     let labels: Vec<&str> = members.iter().map(|d| d.label()).collect();
     let label = format!("chain {}", labels.join(" + "));
     let layout = ctx

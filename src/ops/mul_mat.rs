@@ -1733,7 +1733,7 @@ fn part_dispatches(
             };
             let d = dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid)?;
             Ok(match kernel.ks1 {
-                Some(Ks1Walk::Tokens) => d.chainable(ks1_chainable(wp.wg_rows)),
+                Some(Ks1Walk::Tokens | Ks1Walk::Heads(_)) => d.chainable(ks1_chainable(wp.wg_rows)),
                 _ => d,
             })
         })
