@@ -29,6 +29,9 @@ struct ChainParams {
     clear_n: u32,
     // Reads of a count before a workgroup gives up waiting.
     spin: u32,
+    // Zero, which the compiler cannot know: the index of the kernels' uniforms
+    // (`gpu::wgsl_link::index_uniforms`).
+    zero: vec4<u32>,
     // Per phase: its kernel's workgroups along x, y and z, and their product.
     grid: array<vec4<u32>, 8>,
 }
@@ -37,6 +40,8 @@ struct ChainParams {
 @group(0) @binding(CHAIN_BINDING_1) var<storage, read_write> chain: ChainParams;
 
 var<workgroup> chain_shared: u32;
+// `chain.zero.x`, for the whole workgroup (set first thing by the entry point).
+var<private> chain_zero: u32;
 
 // Lane 0's `v`, for the whole workgroup.
 fn chain_lane0(v: u32, l: u32) -> u32 {

@@ -40,7 +40,7 @@ pub struct DeviceOptions {
     pub top_k_on_device: Option<bool>,
     /// Run runs of single-token kernels as chains, one dispatch each (`ops::chain`):
     /// `Some(true)` or `Some(false)`; `None`: as `WGLLM_CHAINS` says (`on` or `off`)
-    /// if set, else as suits the device ([`GpuContext::chains`]).
+    /// if set, else off ([`GpuContext::chains`]).
     pub chains: Option<bool>,
 }
 
@@ -57,17 +57,16 @@ pub const TOP_K_ENV: &str = "WGLLM_TOP_K";
 pub const CHAINS_ENV: &str = "WGLLM_CHAINS";
 
 /// Whether decode steps run their runs of single-token products as chains (`ops::chain`),
-/// as `opts` or `WGLLM_CHAINS` say, else on CPU-hosted Vulkan drivers only: their
-/// dispatches are handed to worker threads that sleep between them (lavapipe: 9-41 us a
-/// dispatch against 2-5 us a phase of one, `wgllm-bench sync`, docs/perf.md), while a
-/// GPU's dispatch costs little and its workgroups have no promise of running beside
-/// each other, on which a chain's waits would spend their time.
-fn chains_here(opts: &DeviceOptions, info: &wgpu::AdapterInfo) -> Result<bool> {
-    let default =
-        info.device_type == wgpu::DeviceType::Cpu && info.backend == wgpu::Backend::Vulkan;
+/// as `opts` or `WGLLM_CHAINS` say; off unless asked. Chains are for CPU-hosted
+/// drivers, whose dispatches are handed to worker threads that sleep between them
+/// (lavapipe: 9-41 us a dispatch against 2-5 us a phase of one, `wgllm-bench sync`).
+/// There they decode SmolLM2 1.12x faster, but creating the joined pipelines adds about
+/// 0.4 s and 65 MiB to a load (docs/perf.md). A GPU's dispatch costs little, and its
+/// workgroups have no promise of running beside each other.
+fn chains_here(opts: &DeviceOptions) -> Result<bool> {
     match opts.chains {
         Some(on) => Ok(on),
-        None => Ok(env_switch(CHAINS_ENV, ["on", "off"])?.unwrap_or(default)),
+        None => Ok(env_switch(CHAINS_ENV, ["on", "off"])?.unwrap_or(false)),
     }
 }
 
@@ -469,7 +468,7 @@ impl GpuContext {
         });
         let forced_weights = forced_weights(opts, &info, &limits)?;
         let top_k_here = top_k_on_device(opts, &info)?;
-        let chains_here = chains_here(opts, &info)?;
+        let chains_here = chains_here(opts)?;
         let huge_pages = super::huge_pages::wanted(info.device_type)?;
         Ok(GpuContext {
             unused_output,

@@ -70,6 +70,63 @@ pub fn link(src: &str, k: usize, base: u32) -> Result<Linked> {
     })
 }
 
+/// `src` with each module-scope `var<uniform> NAME: T;` made `array<T, 1>` and every use
+/// of NAME read as `NAME[index]`: the loads' offsets then depend on `index`, a value
+/// the compiler cannot see, so lavapipe finds no uniform to inline in them (its search
+/// for them corrupted its heap on joined kernels, docs/perf.md). `T` must be a size
+/// that an array in a uniform may hold (a multiple of 16 bytes); WGSL's validation
+/// refuses it otherwise.
+pub fn index_uniforms(src: &str, index: &str) -> String {
+    let tokens = tokenize(src);
+    let mut names = Vec::new();
+    let mut depth = 0i32;
+    for (i, t) in tokens.iter().enumerate() {
+        match t.text {
+            "{" => depth += 1,
+            "}" => depth -= 1,
+            "var" if depth == 0 => {
+                let Some(j) = next_solid(&tokens, i).filter(|&j| tokens[j].text == "<") else {
+                    continue;
+                };
+                let Some(k) = next_solid(&tokens, j).filter(|&k| tokens[k].text == "uniform")
+                else {
+                    continue;
+                };
+                let name = next_solid(&tokens, k).and_then(|g| next_solid(&tokens, g));
+                if let Some(n) = name.filter(|&n| tokens[n].kind == Kind::Ident) {
+                    names.push(n);
+                }
+            }
+            _ => {}
+        }
+    }
+    let declared: Vec<&str> = names.iter().map(|&n| tokens[n].text).collect();
+    let mut out = String::with_capacity(src.len() + 64);
+    let mut i = 0;
+    while i < tokens.len() {
+        let t = tokens[i];
+        out.push_str(t.text);
+        if names.contains(&i) {
+            // The declaration: `NAME: T;` becomes `NAME: array<T, 1>;`.
+            let colon = next_solid(&tokens, i).filter(|&c| tokens[c].text == ":");
+            let semi = colon.and_then(|c| (c..tokens.len()).find(|&k| tokens[k].text == ";"));
+            if let (Some(c), Some(e)) = (colon, semi) {
+                let ty: String = tokens[c + 1..e].iter().map(|t| t.text).collect();
+                out.push_str(&format!(": array<{}, 1>;", ty.trim()));
+                i = e + 1;
+                continue;
+            }
+        } else if t.kind == Kind::Ident
+            && declared.contains(&t.text)
+            && prev_solid(&tokens, i).is_none_or(|j| tokens[j].text != ".")
+        {
+            out.push_str(&format!("[{index}]"));
+        }
+        i += 1;
+    }
+    out
+}
+
 /// `src` with every `@binding(b)` at `base` + b; every binding must be in group 0.
 fn move_bindings(src: &str, base: u32) -> Result<String> {
     let mut out = String::with_capacity(src.len());
@@ -467,6 +524,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let grouped = KERNEL.replace("@group(0) @binding(1)", "@group(1) @binding(1)");
         let e = link(&grouped, 0, 0).unwrap_err().to_string();
         assert!(e.contains("outside group 0"), "{e}");
+    }
+
+    #[test]
+    fn uniforms_are_read_through_an_index() {
+        let src = "struct P { a: u32, b: u32, c: u32, d: u32 }\n@group(0) @binding(0) var<uniform> p: P;\n@group(0) @binding(1) var<storage, read_write> x: array<u32>;\nfn f() -> u32 { return p.a + x[p.b]; }\n";
+        let out = index_uniforms(src, "zero");
+        assert!(out.contains("var<uniform> p: array<P, 1>;"), "{out}");
+        assert!(out.contains("return p[zero].a + x[p[zero].b];"), "{out}");
+        let module = format!("var<private> zero: u32;\n{out}");
+        naga::front::wgsl::parse_str(&module).unwrap();
     }
 
     #[test]

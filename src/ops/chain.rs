@@ -1,15 +1,24 @@
 //! Chains: a run of consecutive single-token kernels of a step's plan recorded as one
-//! dispatch, on CPU-hosted drivers.
+//! dispatch, for CPU-hosted drivers (off unless asked: `GpuContext::chains`).
 //!
 //! lavapipe hands each dispatch's workgroups to worker threads that sleep between
 //! dispatches, and waits for them: `wgllm-bench sync` measured 9-41 us a dispatch of a
 //! trivial kernel against 2-5 us a phase of one dispatch whose workgroups wait for each
 //! other (docs/perf.md). A chain joins its kernels' WGSL into one module
-//! (`gpu::wgsl_link`), each kernel's bindings from a base of its own in one group,
-//! bound to the resources its dispatch binds (its storage buffers writable: wgpu allows a buffer one
-//! kind of use per dispatch, and members read what others write); shaders/common/chain.wgsl
-//! runs them in turn, a phase per kernel, with as many workgroups as the driver has
-//! threads.
+//! (`gpu::wgsl_link`): each kernel's bindings from a base of its own in one group, bound
+//! to the resources its dispatch binds, and shaders/common/chain.wgsl runs the kernels in
+//! turn, a phase each, with as many workgroups as the driver has threads. The chain's
+//! own bindings come first.
+//!
+//! Each member's module is changed on its way in ([`member_source`]):
+//! - its read-only storage buffers are declared writable: wgpu allows a buffer one kind of
+//!   use per dispatch, and members read what others write (single tokens therefore read
+//!   their activations from storage where chains run, not as uniforms);
+//! - its uniforms are read through an index the compiler cannot see
+//!   (`wgsl_link::index_uniforms`). lavapipe 22.3 searches a pipeline's uniform loads of
+//!   constant offset for values to inline, and on joined modules that search corrupted
+//!   its heap in about a third of the runs; in storage instead, the kernels' parameters
+//!   were loaded lane by lane and the chains ran slower than separate dispatches.
 //!
 //! Only kernels that say how many loop trips a workgroup of theirs takes join
 //! ([`Chainable`], `mul_mat_ks1`'s single-token builds): on llvmpipe a workgroup may
@@ -87,6 +96,7 @@ struct ChainParams {
     clear: u32,
     clear_n: u32,
     spin: u32,
+    zero: [u32; 4],
     grid: [[u32; 4]; MAX_PHASES],
 }
 
@@ -174,16 +184,17 @@ fn writable(layout: &[Binding]) -> Vec<Binding> {
     layout
         .iter()
         .map(|b| match b {
-            Binding::Read | Binding::Uniform => Binding::ReadWrite,
+            Binding::Read => Binding::ReadWrite,
             b => *b,
         })
         .collect()
 }
 
-/// A member's source in a chain: its storage buffers declared writable ([`writable`]).
-fn writable_source(src: &str) -> String {
-    src.replace("var<storage, read>", "var<storage, read_write>")
-        .replace("var<uniform>", "var<storage, read_write>")
+/// A member's source in a chain: its storage buffers declared writable ([`writable`]),
+/// its uniforms read through `chain_zero` (see the module's notes).
+fn member_source(src: &str) -> String {
+    let src = src.replace("var<storage, read>", "var<storage, read_write>");
+    wgsl_link::index_uniforms(&src, "chain_zero")
 }
 
 /// The runs of `plan` that single-token steps could run as chains.
@@ -289,6 +300,7 @@ impl Chains {
                 clear: bases[prev],
                 clear_n: 2 * runs[prev].members.len() as u32,
                 spin: r.spin() as u32,
+                zero: [0; 4],
                 grid: [[0; 4]; MAX_PHASES],
             };
             for (k, g) in r.grids.iter().enumerate() {
@@ -373,7 +385,7 @@ fn chain_source(members: &[&Arc<Deferred>]) -> Result<(String, Vec<(String, f64)
     let mut lanes: Option<f64> = None;
     let mut ws0 = String::new();
     for (k, d) in members.iter().enumerate() {
-        let linked = wgsl_link::link(&writable_source(d.source()), k, bases[k])?;
+        let linked = wgsl_link::link(&member_source(d.source()), k, bases[k])?;
         for dir in &linked.directives {
             if !directives.contains(dir) {
                 directives.push(dir.clone());
@@ -443,7 +455,7 @@ fn chain_source(members: &[&Arc<Deferred>]) -> Result<(String, Vec<(String, f64)
         params.push("@builtin(subgroup_size) chain_ssz: u32");
     }
     src.push_str(&format!(
-        "\n@compute @workgroup_size({ws0})\nfn main({}) {{\n{calls}}}\n",
+        "\n@compute @workgroup_size({ws0})\nfn main({}) {{\n    chain_zero = subgroupBroadcastFirst(chain.zero.x);\n{calls}}}\n",
         params.join(", ")
     ));
     Ok((src, constants))
