@@ -38,6 +38,10 @@ pub struct DeviceOptions {
     /// `WGLLM_TOP_K` says (`device` or `host`) if set, else as suits the device
     /// ([`GpuContext::top_k_on_device`]). Tests run the passes on lavapipe this way.
     pub top_k_on_device: Option<bool>,
+    /// Run runs of single-token kernels as chains, one dispatch each (`ops::chain`):
+    /// `Some(true)` or `Some(false)`; `None`: as `WGLLM_CHAINS` says (`on` or `off`)
+    /// if set, else off ([`GpuContext::chains`]).
+    pub chains: Option<bool>,
 }
 
 /// Environment variable holding every weight matrix in `buffer`s or `texture`s,
@@ -47,6 +51,24 @@ pub const WEIGHTS_ENV: &str = "WGLLM_WEIGHTS";
 /// Environment variable choosing where top-k sampling's candidates are chosen:
 /// `device` or `host` ([`DeviceOptions::top_k_on_device`]).
 pub const TOP_K_ENV: &str = "WGLLM_TOP_K";
+
+/// Environment variable switching chains of single-token kernels `on` or `off`
+/// ([`DeviceOptions::chains`]).
+pub const CHAINS_ENV: &str = "WGLLM_CHAINS";
+
+/// Whether decode steps run their runs of single-token products as chains (`ops::chain`),
+/// as `opts` or `WGLLM_CHAINS` say; off unless asked. Chains are for CPU-hosted
+/// drivers, whose dispatches are handed to worker threads that sleep between them
+/// (lavapipe: 9-41 us a dispatch against 2-5 us a phase of one, `wgllm-bench sync`).
+/// There they decode SmolLM2 1.12x faster, but creating the joined pipelines adds about
+/// 0.4 s and 65 MiB to a load (docs/perf.md). A GPU's dispatch costs little, and its
+/// workgroups have no promise of running beside each other.
+fn chains_here(opts: &DeviceOptions) -> Result<bool> {
+    match opts.chains {
+        Some(on) => Ok(on),
+        None => Ok(env_switch(CHAINS_ENV, ["on", "off"])?.unwrap_or(false)),
+    }
+}
 
 /// Whether sampled steps choose top-k's candidates on the device rather than read
 /// every logit back (`ops::top_k`), as `opts` or `WGLLM_TOP_K` say, else not on
@@ -167,6 +189,8 @@ pub struct GpuContext {
     pub forced_mul_mat: Option<String>,
     /// Where top-k sampling's candidates are chosen ([`DeviceOptions::top_k_on_device`]).
     top_k_here: bool,
+    /// Whether decode steps run chains ([`GpuContext::chains`]).
+    chains_here: bool,
     /// Whether device memory is the host's, to be backed by huge pages
     /// ([`GpuContext::advise_huge_pages`]).
     huge_pages: bool,
@@ -444,6 +468,7 @@ impl GpuContext {
         });
         let forced_weights = forced_weights(opts, &info, &limits)?;
         let top_k_here = top_k_on_device(opts, &info)?;
+        let chains_here = chains_here(opts)?;
         let huge_pages = super::huge_pages::wanted(info.device_type)?;
         Ok(GpuContext {
             unused_output,
@@ -462,6 +487,7 @@ impl GpuContext {
             workgroup_reductions: opts.workgroup_reductions,
             forced_mul_mat: opts.mul_mat.clone(),
             top_k_here,
+            chains_here,
             tuned,
             pipelines: Default::default(),
             binding_cap: opts.max_binding,
@@ -527,6 +553,12 @@ impl GpuContext {
     /// logit back (`ops::top_k`; [`DeviceOptions::top_k_on_device`]).
     pub fn top_k_on_device(&self) -> bool {
         self.top_k_here
+    }
+
+    /// Whether a model's decode steps run their runs of single-token products as chains,
+    /// one dispatch each (`ops::chain`).
+    pub fn chains(&self) -> bool {
+        self.chains_here
     }
 
     /// On a CPU-hosted device, ask the host's kernel to back the device memory

@@ -11,6 +11,7 @@ pub mod shaders;
 pub mod staging;
 pub mod tuning;
 pub mod upload;
+pub mod wgsl_link;
 
 pub use context::{AdapterSummary, DeviceOptions, GpuContext};
 pub use upload::GpuTensor;

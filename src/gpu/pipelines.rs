@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::{Error, Result};
 
 /// What a kernel's binding i holds, for kernels given an explicit bind group layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Binding {
     Uniform,
     Read,
@@ -128,6 +128,7 @@ impl PipelineCache {
             label: label.to_string(),
             constants: constants.iter().map(|&(k, v)| (k.to_string(), v)).collect(),
             layout: group_layout(device, label, bindings),
+            bindings: bindings.to_vec(),
             source: source()?,
             made: OnceLock::new(),
             compiling: Mutex::new(()),
@@ -163,6 +164,8 @@ pub struct Deferred {
     label: String,
     constants: Vec<(String, f64)>,
     layout: wgpu::BindGroupLayout,
+    /// What `layout` holds, binding by binding.
+    bindings: Vec<Binding>,
     source: String,
     made: OnceLock<Arc<wgpu::ComputePipeline>>,
     /// Held while compiling: a second caller waits instead of compiling it again.
@@ -172,6 +175,25 @@ pub struct Deferred {
 impl Deferred {
     pub fn layout(&self) -> &wgpu::BindGroupLayout {
         &self.layout
+    }
+
+    /// What its group 0 holds, binding by binding.
+    pub fn bindings(&self) -> &[Binding] {
+        &self.bindings
+    }
+
+    /// Its WGSL source, as compiled.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Its override constants.
+    pub fn constants(&self) -> &[(String, f64)] {
+        &self.constants
+    }
+
+    pub fn label(&self) -> &str {
+        &self.label
     }
 
     /// The pipeline, compiled by the first caller (others wait for it).
@@ -188,12 +210,11 @@ impl Deferred {
             .iter()
             .map(|(k, v)| (k.as_str(), *v))
             .collect();
-        let layout = Some(&self.layout);
         let p = Arc::new(compile(
             &self.device,
             &self.label,
             &constants,
-            layout,
+            Some(&[&self.layout]),
             &self.source,
         )?);
         Ok(self.made.get_or_init(|| p).clone())
@@ -206,7 +227,11 @@ impl Deferred {
 }
 
 /// Group 0 laid out as `bindings` (binding i holds `bindings[i]`).
-fn group_layout(device: &wgpu::Device, label: &str, bindings: &[Binding]) -> wgpu::BindGroupLayout {
+pub(crate) fn group_layout(
+    device: &wgpu::Device,
+    label: &str,
+    bindings: &[Binding],
+) -> wgpu::BindGroupLayout {
     let entries: Vec<_> = (0u32..).zip(bindings).map(|(i, k)| k.entry(i)).collect();
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(label),
@@ -230,13 +255,13 @@ fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
     }
 }
 
-/// Compile `src` into a compute pipeline with group 0 laid out as `group`, or as the
+/// Compile `src` into a compute pipeline with its groups laid out as `groups`, or as the
 /// shader's bindings without (see [`PipelineCache::get_laid_out`]).
-fn compile(
+pub(crate) fn compile(
     device: &wgpu::Device,
     label: &str,
     constants: &[(&str, f64)],
-    group: Option<&wgpu::BindGroupLayout>,
+    groups: Option<&[&wgpu::BindGroupLayout]>,
     src: &str,
 ) -> Result<wgpu::ComputePipeline> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -249,10 +274,12 @@ fn compile(
     // counter moves monotonically toward a bound that is a constant, an override or a
     // uniform field sized from a tensor (under 2^27 chunks, far from wrapping a u32).
     let module = unsafe { device.create_shader_module_trusted(desc, runtime_checks()) };
-    let layout = group.map(|group| {
+    let layout = groups.map(|groups| {
+        let groups: Vec<Option<&wgpu::BindGroupLayout>> =
+            groups.iter().copied().map(Some).collect();
         device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(label),
-            bind_group_layouts: &[Some(group)],
+            bind_group_layouts: &groups,
             immediate_size: 0,
         })
     });

@@ -650,6 +650,9 @@ pub struct GpuModel {
     pub(crate) host_times: Option<crate::gpu::profile::HostTimes>,
     /// Dispatches of the body per submission ([`submit_every`]).
     pub(crate) submit_every: usize,
+    /// The body's runs of single-token products as chains, one dispatch each, where the
+    /// device runs them ([`crate::ops::chain`]).
+    pub(crate) chains: Option<crate::ops::chain::Chains>,
 }
 
 /// Options of [`GpuModel::load`].
@@ -862,6 +865,7 @@ impl GpuModel {
             profiler: None,
             host_times: crate::gpu::profile::HostTimes::from_env(),
             submit_every,
+            chains: None,
         };
         m.body = m.record(|r, m| {
             if m.layers.start == 0 {
@@ -874,6 +878,7 @@ impl GpuModel {
             }
             Ok(())
         })?;
+        m.chains = crate::ops::chain::Chains::link(&m.ctx, &m.body)?;
         if m.head {
             m.last.0 = m.record(|r, m| m.record_head(r, &m.last.1, Columns::Last))?;
         }
@@ -1196,7 +1201,14 @@ impl GpuModel {
                     &mut submit_s,
                 );
             }
-            record(&mut enc, self.profiler.as_mut(), part.iter(), &info)?;
+            match &self.chains {
+                // Chains span the body: with it in one part and no profiler timing each
+                // dispatch.
+                Some(c) if part.len() == self.body.len() && self.profiler.is_none() => {
+                    crate::ops::chain::record_plan(&mut enc, part, c, &info)?
+                }
+                _ => record(&mut enc, self.profiler.as_mut(), part.iter(), &info)?,
+            }
         }
         let wait = step_wait(&self.ctx, n);
         // Polling keeps a core awake through the body's hundreds of short dispatches,
@@ -1281,8 +1293,15 @@ impl GpuModel {
             .collect())
     }
 
+    /// Dispatches that chains spare a single-token step ([`crate::ops::chain`]): 0
+    /// where the device runs none.
+    pub fn chained_dispatches(&self) -> usize {
+        self.chains.as_ref().map_or(0, |c| c.saved())
+    }
+
     /// Number of kernel dispatches a generation step runs (of one token, at the start
-    /// of the context): the recorded ones whose grid is not empty then.
+    /// of the context): the recorded ones whose grid is not empty then (chains apart:
+    /// [`Self::chained_dispatches`]).
     pub fn dispatches_per_step(&self) -> usize {
         let s = StepInfo::new(0, 1);
         let runs = |d: &&Dispatch| d.grid(&s).iter().all(|&n| n > 0);

@@ -8,6 +8,7 @@
 pub mod add;
 pub mod argmax;
 pub mod attention;
+pub mod chain;
 pub mod get_rows;
 pub mod glu;
 pub mod kv_store;
@@ -66,6 +67,53 @@ pub struct Dispatch {
     grid: GridFn,
     /// Buffers copied into the textures the kernel reads, before it runs.
     copies: Vec<TextureCopy>,
+    /// Whether its single-token steps may run as a phase of a chain ([`chain`]).
+    chainable: Option<chain::Chainable>,
+    /// What its bind group holds, binding by binding, for a chain to bind again (with
+    /// its storage buffers writable: `chain`). Empty where a binding is of a kind this
+    /// does not keep.
+    resources: Vec<Held>,
+}
+
+/// A binding's resource, held.
+#[derive(Clone)]
+pub(crate) enum Held {
+    Buffer {
+        buffer: wgpu::Buffer,
+        offset: u64,
+        size: Option<wgpu::BufferSize>,
+    },
+    View(wgpu::TextureView),
+}
+
+impl Held {
+    /// `r` held, if it is a buffer or a texture view.
+    fn of(r: &wgpu::BindingResource<'_>) -> Option<Held> {
+        match r {
+            wgpu::BindingResource::Buffer(b) => Some(Held::Buffer {
+                buffer: b.buffer.clone(),
+                offset: b.offset,
+                size: b.size,
+            }),
+            wgpu::BindingResource::TextureView(v) => Some(Held::View((*v).clone())),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn resource(&self) -> wgpu::BindingResource<'_> {
+        match self {
+            Held::Buffer {
+                buffer,
+                offset,
+                size,
+            } => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset: *offset,
+                size: *size,
+            }),
+            Held::View(v) => wgpu::BindingResource::TextureView(v),
+        }
+    }
 }
 
 /// A buffer copied into a texture before a kernel reads it there.
@@ -158,6 +206,12 @@ impl Dispatch {
     /// This dispatch with `copies` recorded before it (outside any compute pass).
     pub fn with_copies(mut self, copies: Vec<TextureCopy>) -> Dispatch {
         self.copies = copies;
+        self
+    }
+
+    /// This dispatch, whose single-token steps may run as a phase of a chain.
+    pub(crate) fn chainable(mut self, c: chain::Chainable) -> Dispatch {
+        self.chainable = Some(c);
         self
     }
 
@@ -259,7 +313,10 @@ pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents: bytemuck::bytes_of(value),
-            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            // Storage too: a chain (`chain`) binds every kernel's uniforms as storage.
+            usage: wgpu::BufferUsages::UNIFORM
+                | wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST,
         })
 }
 
@@ -305,6 +362,7 @@ pub(crate) fn dispatch_bound<P: bytemuck::Pod>(
             resource,
         });
     }
+    let held: Option<Vec<Held>> = entries.iter().map(|e| Held::of(&e.resource)).collect();
     let pipeline = pipeline.into();
     let layout = pipeline.group_layout();
     let bind_group = ctx.scoped(&format!("binding {label}"), || {
@@ -320,6 +378,8 @@ pub(crate) fn dispatch_bound<P: bytemuck::Pod>(
         bind_group,
         grid: Box::new(grid),
         copies: Vec::new(),
+        chainable: None,
+        resources: held.unwrap_or_default(),
     })
 }
 

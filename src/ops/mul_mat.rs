@@ -246,6 +246,16 @@ fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
     rows.next_multiple_of(step).max(KS_ROWS)
 }
 
+/// What a single-token workgroup of `mul_mat_ks1` with `wg_rows` rows needs to join a
+/// chain: a bound on its loop trips. It walks its rows one trip each (and one more per
+/// block of lanes); RoPE's epilogue walks each head it stored in loops of a few trips per
+/// lane block. Four trips a row and a few hundred more leave room for both.
+fn ks1_chainable(wg_rows: u32) -> crate::ops::chain::Chainable {
+    crate::ops::chain::Chainable {
+        trips: wg_rows.saturating_mul(4).saturating_add(256),
+    }
+}
+
 fn lcm(a: u32, b: u32) -> u32 {
     let gcd = |mut a: u32, mut b: u32| {
         while b != 0 {
@@ -614,16 +624,14 @@ fn kernel_pipeline(
             None => src,
         })
     };
-    if when == Compile::OnFirstUse {
-        let d = ctx
-            .pipelines
-            .deferred(&ctx.device, &label, &consts, &layout, source)?;
-        return Ok(Pipe::Deferred(d));
-    }
-    let pipe = ctx
+    // Deferred either way: a chain (`ops::chain`) joins the kernel's source and layout.
+    let d = ctx
         .pipelines
-        .get_laid_out(&ctx.device, &label, &consts, Some(&layout), source)?;
-    Ok(Pipe::Ready(pipe))
+        .deferred(&ctx.device, &label, &consts, &layout, source)?;
+    if when == Compile::Now {
+        d.get()?;
+    }
+    Ok(Pipe::Deferred(d))
 }
 
 /// Which steps one of a product's kernels runs in.
@@ -915,7 +923,11 @@ fn for_product(
 /// ([`reads_uniform`]): no copy's dispatch, and `ksu`'s kernel alone measured
 /// 1.03-1.32x faster than `ks` at every layer shape of the two test models (docs/perf.md).
 fn single_tokens_uniform(ctx: &GpuContext, v: Variant, cols: Columns, n_cols: u64) -> bool {
-    v == Variant::Ks && cols == Columns::All && binds_x_view(ctx) && tokens_per_xu(ctx, n_cols) > 0
+    v == Variant::Ks
+        && cols == Columns::All
+        && binds_x_view(ctx)
+        && tokens_per_xu(ctx, n_cols) > 0
+        && !ctx.chains()
 }
 
 /// Whether the device binds uniforms of [`X_UNIFORM_BYTES`], the size `KsU` declares.
@@ -1719,7 +1731,11 @@ fn part_dispatches(
                 true => g,
                 false => [0, 1, 1],
             };
-            dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid)
+            let d = dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid)?;
+            Ok(match kernel.ks1 {
+                Some(Ks1Walk::Tokens | Ks1Walk::Heads(_)) => d.chainable(ks1_chainable(wp.wg_rows)),
+                _ => d,
+            })
         })
         .collect()
 }

@@ -98,6 +98,17 @@ fn versus_options(setting: &str, opts: &DeviceOptions) -> Result<DeviceOptions> 
         ("no-f16", None) => o.disable_f16 = true,
         ("no-subgroups", None) => o.disable_subgroups = true,
         ("workgroup-reductions", None) => o.workgroup_reductions = true,
+        ("chains", Some(v)) => {
+            o.chains = Some(match v {
+                "on" => true,
+                "off" => false,
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "--versus chains={v}: expected on or off"
+                    )))
+                }
+            })
+        }
         _ => {
             return Err(Error::invalid(format!(
                 "--versus {setting}: expected mul-mat=VARIANT, weights=buffer|texture, \

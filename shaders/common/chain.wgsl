@@ -1,0 +1,104 @@
+// A chain (`ops::chain`): several single-token kernels, each joined into this module by
+// `gpu::wgsl_link` with its bindings in a group of its own, run in turn by one dispatch
+// of a few workgroups. Kernel k is phase k; its workgroups are the phase's items, which
+// the chain's workgroups claim from a counter one at a time. A phase starts once every
+// item of the phase before is done.
+//
+// Nothing assumes that the chain's workgroups run at once (a driver may run them one
+// after another): a workgroup that finds the phase before unfinished reads its count at
+// most `spin` times and then leaves the dispatch; the workgroup that finishes a phase's
+// last item never waits at the next, so the chain always completes. On llvmpipe a
+// workgroup may take 65535 loop trips in all (its loop limiter, which ends every loop
+// after one trip once they are spent, silently); the host sizes `spin` so that the
+// waits and the most work one workgroup could take stay within them
+// (`ops::chain::spin_reads`).
+//
+// The counters of a chain's run are zeroed by the chain after it in the step, whose
+// dispatch starts once this one has ended (the step's last chain's by the first chain
+// of the next step): a counter is never zeroed while a workgroup may still read it.
+//
+// Counts are read with a read-modify-write (an add of 0), which no compiler moves the
+// phase's loads above. The kernels' bindings come first; `CHAIN_BINDING` is the first
+// after them.
+
+struct ChainParams {
+    // This run's counters: phase k's claims at base + 2 k, its items done after them.
+    base: u32,
+    // The counters the chain before this one used, zeroed by this one.
+    clear: u32,
+    clear_n: u32,
+    // Reads of a count before a workgroup gives up waiting.
+    spin: u32,
+    // Zero, which the compiler cannot know: the index of the kernels' uniforms
+    // (`gpu::wgsl_link::index_uniforms`).
+    zero: vec4<u32>,
+    // Per phase: its kernel's workgroups along x, y and z, and their product.
+    grid: array<vec4<u32>, 8>,
+}
+
+@group(0) @binding(CHAIN_BINDING) var<storage, read_write> chain_counts: array<atomic<u32>>;
+@group(0) @binding(CHAIN_BINDING_1) var<storage, read_write> chain: ChainParams;
+
+var<workgroup> chain_shared: u32;
+// `chain.zero.x`, for the whole workgroup (set first thing by the entry point).
+var<private> chain_zero: u32;
+
+// Lane 0's `v`, for the whole workgroup.
+fn chain_lane0(v: u32, l: u32) -> u32 {
+    if (l == 0u) {
+        chain_shared = v;
+    }
+    return workgroupUniformLoad(&chain_shared);
+}
+
+// The next item of phase k for this workgroup; one past the phase's last when none is
+// left.
+fn chain_claim(k: u32, l: u32) -> u32 {
+    var c = 0u;
+    if (l == 0u) {
+        c = atomicAdd(&chain_counts[chain.base + 2u * k], 1u);
+    }
+    return chain_lane0(c, l);
+}
+
+// An item of phase k is done: every lane's stores land before lane 0 counts it.
+fn chain_done(k: u32, l: u32) {
+    storageBarrier();
+    if (l == 0u) {
+        atomicAdd(&chain_counts[chain.base + 2u * k + 1u], 1u);
+    }
+}
+
+// Whether phase k may start: every item of phase k - 1 is done. False where this
+// workgroup's reads ran out first; it then leaves the dispatch.
+fn chain_ready(k: u32, l: u32) -> bool {
+    var ok = 0u;
+    if (l == 0u) {
+        let want = chain.grid[k - 1u].w;
+        let at = chain.base + 2u * k - 1u;
+        var seen = atomicAdd(&chain_counts[at], 0u);
+        for (var s = 0u; s < chain.spin && seen < want; s++) {
+            seen = atomicAdd(&chain_counts[at], 0u);
+        }
+        ok = u32(seen >= want);
+    }
+    return chain_lane0(ok, l) == 1u;
+}
+
+// Zero the counters of the chain before this one (the workgroup that takes phase 0's
+// first item does it).
+fn chain_clear(l: u32) {
+    for (var i = 0u; l == 0u && i < chain.clear_n; i++) {
+        atomicStore(&chain_counts[chain.clear + i], 0u);
+    }
+}
+
+// Item i of phase k as its kernel's workgroup id.
+fn chain_wid(k: u32, i: u32) -> vec3<u32> {
+    let g = chain.grid[k];
+    return vec3<u32>(i % g.x, (i / g.x) % g.y, i / (g.x * g.y));
+}
+
+fn chain_items(k: u32) -> u32 {
+    return chain.grid[k].w;
+}

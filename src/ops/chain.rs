@@ -1,0 +1,617 @@
+//! Chains: a run of consecutive single-token kernels of a step's plan recorded as one
+//! dispatch, for CPU-hosted drivers (off unless asked: `GpuContext::chains`).
+//!
+//! lavapipe hands each dispatch's workgroups to worker threads that sleep between
+//! dispatches, and waits for them: `wgllm-bench sync` measured 9-41 us a dispatch of a
+//! trivial kernel against 2-5 us a phase of one dispatch whose workgroups wait for each
+//! other (docs/perf.md). A chain joins its kernels' WGSL into one module
+//! (`gpu::wgsl_link`): each kernel's bindings from a base of its own in one group, bound
+//! to the resources its dispatch binds, and shaders/common/chain.wgsl runs the kernels in
+//! turn, a phase each, with as many workgroups as the driver has threads. The chain's
+//! own bindings come first.
+//!
+//! Each member's module is changed on its way in ([`member_source`]):
+//! - its read-only storage buffers are declared writable: wgpu allows a buffer one kind of
+//!   use per dispatch, and members read what others write (single tokens therefore read
+//!   their activations from storage where chains run, not as uniforms);
+//! - its uniforms are read through an index the compiler cannot see
+//!   (`wgsl_link::index_uniforms`). lavapipe 22.3 searches a pipeline's uniform loads of
+//!   constant offset for values to inline, and on joined modules that search corrupted
+//!   its heap in about a third of the runs; in storage instead, the kernels' parameters
+//!   were loaded lane by lane and the chains ran slower than separate dispatches.
+//!
+//! Only kernels that say how many loop trips a workgroup of theirs takes join
+//! ([`Chainable`], `mul_mat_ks1`'s single-token builds): on llvmpipe a workgroup may
+//! take 65535 in all, and a chain's workgroup may take every item of every phase. A
+//! step runs the chains only where it runs each member with the grid the chain was
+//! built for and nothing between them (single tokens); otherwise, or all chains or none
+//! (each chain zeroes the counters of the one before), the members run as before.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::{Dispatch, Pipe, StepInfo};
+use crate::gpu::pipelines::{Binding, Deferred};
+use crate::gpu::{wgsl_link, GpuContext};
+use crate::{Error, Result};
+
+const CHAIN_WGSL: &str = include_str!(concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/shaders/common/chain.wgsl"
+));
+
+/// What a kernel needs to join a chain: the most loop trips one of its workgroups takes.
+#[derive(Clone, Copy, Debug)]
+pub struct Chainable {
+    pub trips: u32,
+}
+
+/// Phases a chain may hold (`ChainParams::grid` in shaders/common/chain.wgsl).
+const MAX_PHASES: usize = 8;
+
+/// Loop trips a workgroup may take on llvmpipe (its loop limiter).
+const TRIP_BUDGET: u64 = 65_535;
+
+/// Trips the chain's own loops may take per item (its claim loop) and per phase.
+const TRIPS_PER_ITEM: u64 = 2;
+const TRIPS_PER_PHASE: u64 = 8;
+
+/// Count reads per wait: at least the fewest (a run whose work leaves less is cut
+/// shorter), at most the most (a thread the system has put aside for longer than that
+/// many reads is left to finish the chain alone).
+const MIN_SPIN: u64 = 256;
+const MAX_SPIN: u64 = 4096;
+
+/// The single-token step the chains are built for (a position past the first, so that
+/// the kernels that only a first position runs are not among them).
+fn probe_step() -> StepInfo {
+    StepInfo::new(1, 1)
+}
+
+/// One chain: the plan's dispatches `members` (in `range`, whose others are idle in
+/// single-token steps), joined.
+struct Chain {
+    range: Range<usize>,
+    members: Vec<usize>,
+    grids: Vec<[u32; 3]>,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    /// The members' resources, bound again as the chain lays them out ([`writable`]),
+    /// and the chain's own.
+    bind_group: wgpu::BindGroup,
+}
+
+/// The chains of one plan.
+pub struct Chains {
+    chains: Vec<Chain>,
+    /// Workgroups per chain: the driver's threads.
+    workgroups: u32,
+}
+
+/// `ChainParams` in shaders/common/chain.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+struct ChainParams {
+    base: u32,
+    clear: u32,
+    clear_n: u32,
+    spin: u32,
+    zero: [u32; 4],
+    grid: [[u32; 4]; MAX_PHASES],
+}
+
+/// A run of the plan that may become a chain.
+struct Run {
+    range: Range<usize>,
+    members: Vec<usize>,
+    grids: Vec<[u32; 3]>,
+    /// The most loop trips one workgroup could take doing all of it.
+    work: u64,
+    /// The bindings of its members and of the chain's own group.
+    bindings: Bindings,
+}
+
+/// Bindings of a stage by kind, to keep a chain within the device's limits per stage.
+#[derive(Clone, Copy, Debug, Default)]
+struct Bindings {
+    uniform: u32,
+    storage: u32,
+    textures: u32,
+}
+
+impl Bindings {
+    /// The chain's own group: its counters and its parameters.
+    const CHAIN: Bindings = Bindings {
+        uniform: 0,
+        storage: 2,
+        textures: 0,
+    };
+
+    fn of(layout: &[Binding]) -> Bindings {
+        let count = |f: fn(&Binding) -> bool| layout.iter().filter(|b| f(b)).count() as u32;
+        Bindings {
+            uniform: count(|b| *b == Binding::Uniform),
+            storage: count(|b| matches!(b, Binding::Read | Binding::ReadWrite)),
+            textures: count(|b| matches!(b, Binding::Texture | Binding::TextureWrite)),
+        }
+    }
+
+    fn add(self, o: Bindings) -> Bindings {
+        Bindings {
+            uniform: self.uniform + o.uniform,
+            storage: self.storage + o.storage,
+            textures: self.textures + o.textures,
+        }
+    }
+
+    fn fits(self, ctx: &GpuContext) -> bool {
+        let l = &ctx.limits;
+        self.uniform <= l.max_uniform_buffers_per_shader_stage
+            && self.storage <= l.max_storage_buffers_per_shader_stage
+            && self.textures <= l.max_storage_textures_per_shader_stage
+    }
+}
+
+impl Run {
+    fn spin(&self) -> u64 {
+        let phases = self.members.len() as u64;
+        let left = TRIP_BUDGET.saturating_sub(self.work + phases * TRIPS_PER_PHASE + 64);
+        (left / phases.max(1)).min(MAX_SPIN)
+    }
+}
+
+/// Worker threads of llvmpipe: `LP_NUM_THREADS` if set (0 runs every workgroup on the
+/// submitting thread), else one per core.
+fn driver_threads() -> u32 {
+    std::env::var("LP_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or_else(crate::gpu::context::host_cores)
+        .max(1)
+}
+
+/// The pipeline a chain member runs, if it can join one.
+fn deferred(d: &Dispatch) -> Option<&Arc<Deferred>> {
+    match (&d.pipeline, d.chainable) {
+        (Pipe::Deferred(p), Some(_)) if d.resources.len() == p.bindings().len() => Some(p),
+        _ => None,
+    }
+}
+
+/// A member's layout in a chain: its storage buffers writable. wgpu allows a buffer
+/// one kind of use per dispatch, and a chain's members read buffers that others write.
+fn writable(layout: &[Binding]) -> Vec<Binding> {
+    layout
+        .iter()
+        .map(|b| match b {
+            Binding::Read => Binding::ReadWrite,
+            b => *b,
+        })
+        .collect()
+}
+
+/// A member's source in a chain: its storage buffers declared writable ([`writable`]),
+/// its uniforms read through `chain_zero` (see the module's notes).
+fn member_source(src: &str) -> String {
+    let src = src.replace("var<storage, read>", "var<storage, read_write>");
+    wgsl_link::index_uniforms(&src, "chain_zero")
+}
+
+/// The runs of `plan` that single-token steps could run as chains.
+fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
+    let step = probe_step();
+    let mut out = Vec::new();
+    let mut cur: Option<Run> = None;
+    let close = |cur: &mut Option<Run>, out: &mut Vec<Run>| {
+        if let Some(r) = cur.take().filter(|r| r.members.len() >= 2) {
+            out.push(r);
+        }
+    };
+    for (i, d) in plan.iter().enumerate() {
+        let grid = d.grid(&step);
+        if grid.contains(&0) && !d.copies_in(&step) {
+            continue;
+        }
+        let joins = match (deferred(d), d.chainable) {
+            (Some(_), Some(c)) if !d.copies_in(&step) => Some(c),
+            _ => None,
+        };
+        let Some(c) = joins else {
+            close(&mut cur, &mut out);
+            continue;
+        };
+        let items = u64::from(grid[0]) * u64::from(grid[1]) * u64::from(grid[2]);
+        let work = items * (u64::from(c.trips) + TRIPS_PER_ITEM);
+        let bindings = deferred(d).map_or(Bindings::default(), |p| {
+            Bindings::of(&writable(p.bindings()))
+        });
+        let extend = cur.as_ref().is_some_and(|r| {
+            let phases = r.members.len() as u64 + 1;
+            let total = r.work + work + phases * TRIPS_PER_PHASE + 64;
+            r.members.len() < MAX_PHASES
+                && total + phases * MIN_SPIN <= TRIP_BUDGET
+                && r.bindings.add(bindings).fits(ctx)
+        });
+        if !extend {
+            close(&mut cur, &mut out);
+        }
+        let r = cur.get_or_insert_with(|| Run {
+            range: i..i,
+            members: Vec::new(),
+            grids: Vec::new(),
+            work: 0,
+            bindings: Bindings::CHAIN,
+        });
+        r.range.end = i + 1;
+        r.members.push(i);
+        r.grids.push(grid);
+        r.work += work;
+        r.bindings = r.bindings.add(bindings);
+    }
+    close(&mut cur, &mut out);
+    out
+}
+
+impl Chains {
+    /// The chains of `plan`, where the context runs chains and the plan has at least
+    /// two runs to join (each chain zeroes the counters of the one before, the first
+    /// those of the last).
+    pub fn link(ctx: &GpuContext, plan: &[Dispatch]) -> Result<Option<Chains>> {
+        if !ctx.chains() {
+            return Ok(None);
+        }
+        let runs = runs(ctx, plan);
+        if runs.len() < 2 {
+            return Ok(None);
+        }
+        let counters: u64 = runs.iter().map(|r| 2 * r.members.len() as u64).sum();
+        let counts = crate::gpu::upload::storage(ctx, "chain counters", 4 * counters.max(1))?;
+        // Pipelines and their layouts by members: every layer's chain shares one.
+        let mut made: HashMap<String, (Arc<wgpu::ComputePipeline>, wgpu::BindGroupLayout)> =
+            HashMap::new();
+        let mut bases = Vec::with_capacity(runs.len());
+        let mut at = 0u32;
+        for r in &runs {
+            bases.push(at);
+            at += 2 * r.members.len() as u32;
+        }
+        let mut chains = Vec::with_capacity(runs.len());
+        for (c, r) in runs.iter().enumerate() {
+            let members: Vec<&Arc<Deferred>> = r
+                .members
+                .iter()
+                .filter_map(|&m| deferred(&plan[m]))
+                .collect();
+            let key: Vec<String> = members
+                .iter()
+                .map(|d| format!("{}{:?}", d.label(), d.constants()))
+                .collect();
+            let (pipeline, layout) = match made.get(&key.join("|")) {
+                Some(m) => m.clone(),
+                None => {
+                    let m = compile(ctx, &members)?;
+                    made.insert(key.join("|"), m.clone());
+                    m
+                }
+            };
+            let prev = (c + runs.len() - 1) % runs.len();
+            let mut params = ChainParams {
+                base: bases[c],
+                clear: bases[prev],
+                clear_n: 2 * runs[prev].members.len() as u32,
+                spin: r.spin() as u32,
+                zero: [0; 4],
+                grid: [[0; 4]; MAX_PHASES],
+            };
+            for (k, g) in r.grids.iter().enumerate() {
+                params.grid[k] = [g[0], g[1], g[2], g[0] * g[1] * g[2]];
+            }
+            let uniform = crate::gpu::upload::storage_init(
+                ctx,
+                "chain params",
+                std::slice::from_ref(&params),
+            );
+            let mut entries = Vec::new();
+            let member_at = member_bases(&members);
+            for (k, &m) in r.members.iter().enumerate() {
+                for (b, h) in (0u32..).zip(&plan[m].resources) {
+                    entries.push(wgpu::BindGroupEntry {
+                        binding: member_at[k] + b,
+                        resource: h.resource(),
+                    });
+                }
+            }
+            let own = own_base();
+            entries.push(wgpu::BindGroupEntry {
+                binding: own,
+                resource: counts.as_entire_binding(),
+            });
+            entries.push(wgpu::BindGroupEntry {
+                binding: own + 1,
+                resource: uniform.as_entire_binding(),
+            });
+            let bind_group = ctx.scoped("binding a chain", || {
+                ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("chain"),
+                    layout: &layout,
+                    entries: &entries,
+                })
+            })?;
+            chains.push(Chain {
+                range: r.range.clone(),
+                members: r.members.clone(),
+                grids: r.grids.clone(),
+                pipeline,
+                bind_group,
+            });
+        }
+        Ok(Some(Chains {
+            chains,
+            workgroups: driver_threads(),
+        }))
+    }
+
+    /// Dispatches the chains spare a single-token step (their members less one each).
+    pub fn saved(&self) -> usize {
+        self.chains.iter().map(|c| c.members.len() - 1).sum()
+    }
+
+    /// Whether `step` runs the chains: every member with the grid its chain was built
+    /// for, and nothing else in a chain's range.
+    fn run_in(&self, plan: &[Dispatch], step: &StepInfo) -> bool {
+        step.n_tokens == 1
+            && self.chains.iter().all(|c| {
+                c.range.clone().all(|i| {
+                    let d = &plan[i];
+                    let member = c.members.iter().position(|&m| m == i);
+                    let grid = d.grid(step);
+                    !d.copies_in(step)
+                        && match member {
+                            Some(k) => grid == c.grids[k],
+                            None => grid.contains(&0),
+                        }
+                })
+            })
+    }
+}
+
+/// The module of a chain of `members`: each joined, then the driver and its entry point.
+fn chain_source(members: &[&Arc<Deferred>]) -> Result<(String, Vec<(String, f64)>)> {
+    let bases = member_bases(members);
+    let mut directives: Vec<String> = Vec::new();
+    let mut bodies = String::new();
+    let mut constants = Vec::new();
+    let mut calls = String::new();
+    let mut lanes: Option<f64> = None;
+    let mut ws0 = String::new();
+    for (k, d) in members.iter().enumerate() {
+        let linked = wgsl_link::link(&member_source(d.source()), k, bases[k])?;
+        for dir in &linked.directives {
+            if !directives.contains(dir) {
+                directives.push(dir.clone());
+            }
+        }
+        bodies.push_str(&linked.body);
+        bodies.push('\n');
+        for (name, v) in d.constants() {
+            let Some((_, renamed)) = linked.overrides.iter().find(|(o, _)| o == name) else {
+                return Err(Error::gpu(format!(
+                    "chain: {} sets {name}, which it does not declare",
+                    d.label()
+                )));
+            };
+            constants.push((renamed.clone(), *v));
+        }
+        // Every phase runs on the chain's workgroups: their sizes must agree.
+        let size = constants
+            .iter()
+            .find(|(c, _)| *c == linked.workgroup_size)
+            .map(|(_, v)| *v)
+            .or_else(|| {
+                linked
+                    .workgroup_size
+                    .trim_end_matches('u')
+                    .parse::<f64>()
+                    .ok()
+            });
+        match (size, lanes) {
+            (None, _) => {
+                return Err(Error::gpu(format!(
+                    "chain: {}'s workgroup size {} is not a constant",
+                    d.label(),
+                    linked.workgroup_size
+                )))
+            }
+            (Some(s), Some(l)) if s != l => {
+                return Err(Error::gpu(format!(
+                    "chain: {} has {s} lanes a workgroup, the chain {l}",
+                    d.label()
+                )))
+            }
+            (Some(s), _) => lanes = Some(s),
+        }
+        if k == 0 {
+            ws0 = linked.workgroup_size.clone();
+        }
+        calls.push_str(&phase_call(k, &linked)?);
+    }
+    let mut src = directives.join("\n");
+    src.push('\n');
+    src.push_str(&bodies);
+    let own = own_base();
+    let driver = CHAIN_WGSL
+        .replace("CHAIN_BINDING_1", &(own + 1).to_string())
+        .replace("CHAIN_BINDING", &own.to_string());
+    src.push_str(&driver);
+    // The subgroup builtins only where a phase takes them (they need the feature).
+    let mut params = vec![
+        "@builtin(local_invocation_index) chain_l: u32",
+        "@builtin(local_invocation_id) chain_lid: vec3<u32>",
+    ];
+    if calls.contains("chain_sid") {
+        params.push("@builtin(subgroup_invocation_id) chain_sid: u32");
+    }
+    if calls.contains("chain_ssz") {
+        params.push("@builtin(subgroup_size) chain_ssz: u32");
+    }
+    src.push_str(&format!(
+        "\n@compute @workgroup_size({ws0})\nfn main({}) {{\n    chain_zero = subgroupBroadcastFirst(chain.zero.x);\n{calls}}}\n",
+        params.join(", ")
+    ));
+    Ok((src, constants))
+}
+
+/// The entry point's part for phase `k`: wait for the phase before, then take items
+/// until none is left, each a call of the kernel's lifted entry point.
+fn phase_call(k: usize, linked: &wgsl_link::Linked) -> Result<String> {
+    let args: Vec<String> = linked
+        .builtins
+        .iter()
+        .map(|b| {
+            Ok(match b.as_str() {
+                "workgroup_id" => format!("chain_wid({k}u, i)"),
+                "num_workgroups" => format!("chain.grid[{k}].xyz"),
+                "local_invocation_index" => "chain_l".to_string(),
+                "local_invocation_id" => "chain_lid".to_string(),
+                "global_invocation_id" => format!(
+                    "chain_wid({k}u, i) * vec3<u32>(u32({}), 1u, 1u) + chain_lid",
+                    linked.workgroup_size
+                ),
+                "subgroup_invocation_id" => "chain_sid".to_string(),
+                "subgroup_size" => "chain_ssz".to_string(),
+                other => {
+                    return Err(Error::gpu(format!(
+                        "chain: a kernel takes the builtin {other}"
+                    )))
+                }
+            })
+        })
+        .collect::<Result<_>>()?;
+    let wait = if k == 0 {
+        String::new()
+    } else {
+        format!("    if (!chain_ready({k}u, chain_l)) {{\n        return;\n    }}\n")
+    };
+    let clear = if k == 0 {
+        "        if (i == 0u) {\n            chain_clear(chain_l);\n        }\n"
+    } else {
+        ""
+    };
+    Ok(format!(
+        "{wait}    loop {{\n        let i = chain_claim({k}u, chain_l);\n        if (i >= chain_items({k}u)) {{\n            break;\n        }}\n{clear}        {}({});\n        chain_done({k}u, chain_l);\n    }}\n",
+        linked.entry,
+        args.join(", ")
+    ))
+}
+
+/// The pipeline of a chain of `members` and its one group's layout: each member's
+/// bindings from [`member_base`], then the chain's counters and parameters.
+fn compile(
+    ctx: &GpuContext,
+    members: &[&Arc<Deferred>],
+) -> Result<(Arc<wgpu::ComputePipeline>, wgpu::BindGroupLayout)> {
+    let (src, constants) = chain_source(members)?;
+    let constants: Vec<(&str, f64)> = constants.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+    let mut entries = Vec::new();
+    let bases = member_bases(members);
+    for (k, d) in members.iter().enumerate() {
+        for (b, kind) in (0u32..).zip(writable(d.bindings())) {
+            entries.push(kind.entry(bases[k] + b));
+        }
+    }
+    let own = own_base();
+    entries.push(Binding::ReadWrite.entry(own));
+    entries.push(Binding::ReadWrite.entry(own + 1));
+    let labels: Vec<&str> = members.iter().map(|d| d.label()).collect();
+    let label = format!("chain {}", labels.join(" + "));
+    let layout = ctx
+        .device
+        .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(&label),
+            entries: &entries,
+        });
+    let p =
+        crate::gpu::pipelines::compile(&ctx.device, &label, &constants, Some(&[&layout]), &src)?;
+    Ok((Arc::new(p), layout))
+}
+
+/// Each member's first binding: after the chain's own two, one after another, with no
+/// gaps (lavapipe 22.3 corrupted its heap binding a group with gaps in its numbers).
+fn member_bases(members: &[&Arc<Deferred>]) -> Vec<u32> {
+    let mut at = 2;
+    members
+        .iter()
+        .map(|d| {
+            let base = at;
+            at += d.bindings().len() as u32;
+            base
+        })
+        .collect()
+}
+
+/// The chain's own first binding.
+fn own_base() -> u32 {
+    0
+}
+
+/// [`super::record_plan`], with the chains of `plan` in one dispatch each where `step`
+/// runs them ([`Chains::run_in`]).
+pub fn record_plan(
+    enc: &mut wgpu::CommandEncoder,
+    plan: &[Dispatch],
+    chains: &Chains,
+    step: &StepInfo,
+) -> Result<()> {
+    if !chains.run_in(plan, step) {
+        return super::record_plan(enc, plan, step);
+    }
+    let desc = wgpu::ComputePassDescriptor {
+        label: Some("forward"),
+        timestamp_writes: None,
+    };
+    let mut pass = enc.begin_compute_pass(&desc).forget_lifetime();
+    let mut next = chains.chains.iter().peekable();
+    let mut i = 0;
+    while i < plan.len() {
+        if let Some(c) = next.next_if(|c| c.range.start == i) {
+            pass.set_pipeline(&c.pipeline);
+            pass.set_bind_group(0, &c.bind_group, &[]);
+            pass.dispatch_workgroups(chains.workgroups, 1, 1);
+            i = c.range.end;
+            continue;
+        }
+        let d = &plan[i];
+        if d.copies_in(step) {
+            drop(pass);
+            d.record_copies(enc, step);
+            pass = enc.begin_compute_pass(&desc).forget_lifetime();
+        }
+        d.record(&mut pass, step)?;
+        i += 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_leaves_its_waits_the_trips_its_work_does_not_take() {
+        let run = |work, phases: usize| Run {
+            range: 0..phases,
+            members: (0..phases).collect(),
+            grids: vec![[1, 1, 1]; phases],
+            work,
+            bindings: Bindings::CHAIN,
+        };
+        assert_eq!(run(1000, 4).spin(), MAX_SPIN);
+        let tight = run(60_000, 4);
+        assert_eq!(
+            tight.spin(),
+            (TRIP_BUDGET - 60_000 - 4 * TRIPS_PER_PHASE - 64) / 4
+        );
+        assert!(tight.spin() >= MIN_SPIN);
+        assert_eq!(run(70_000, 2).spin(), 0);
+    }
+}
