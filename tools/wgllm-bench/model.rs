@@ -49,7 +49,8 @@ pub struct ModelArgs {
     device: Option<String>,
     /// A second engine beside the first with one GPU setting changed, their steps
     /// interleaved in this process: `mul-mat=VARIANT` (as `WGLLM_MUL_MAT`),
-    /// `weights=buffer|texture`, `no-f16`, `no-subgroups` or `workgroup-reductions`.
+    /// `weights=buffer|texture`, `no-f16`, `no-subgroups`, `workgroup-reductions` or
+    /// `chains=on|off`.
     #[arg(long, value_name = "SETTING")]
     versus: Option<String>,
     #[arg(long)]
@@ -112,7 +113,7 @@ fn versus_options(setting: &str, opts: &DeviceOptions) -> Result<DeviceOptions> 
         _ => {
             return Err(Error::invalid(format!(
                 "--versus {setting}: expected mul-mat=VARIANT, weights=buffer|texture, \
-                 no-f16, no-subgroups or workgroup-reductions"
+                 no-f16, no-subgroups, workgroup-reductions or chains=on|off"
             )))
         }
     }
