@@ -36,16 +36,6 @@ fn load(model: &str, chains: bool) -> (GpuModel, Tokenizer) {
     (GpuModel::load(ctx, &file, cfg, &lo).unwrap(), tok)
 }
 
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 /// Greedy steps of both engines from `prompt`, `n` single tokens, a batch of three
 /// tokens, then `n` more; every step's logits compared bit for bit.
 fn same_logits(model: &str, n: usize) {
@@ -73,7 +63,7 @@ fn same_logits(model: &str, n: usize) {
             "{model}, {what} at {pos}: {differ} logits differ"
         );
         pos += tokens.len() as u32;
-        argmax(&a)
+        wgllm::sampling::argmax(&a)
     };
     let mut next = step(&ids, "prompt");
     for _ in 0..n {

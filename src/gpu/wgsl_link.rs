@@ -79,25 +79,19 @@ pub fn link(src: &str, k: usize, base: u32) -> Result<Linked> {
 pub fn index_uniforms(src: &str, index: &str) -> String {
     let tokens = tokenize(src);
     let mut names = Vec::new();
-    let mut depth = 0i32;
-    for (i, t) in tokens.iter().enumerate() {
-        match t.text {
-            "{" => depth += 1,
-            "}" => depth -= 1,
-            "var" if depth == 0 => {
-                let Some(j) = next_solid(&tokens, i).filter(|&j| tokens[j].text == "<") else {
-                    continue;
-                };
-                let Some(k) = next_solid(&tokens, j).filter(|&k| tokens[k].text == "uniform")
-                else {
-                    continue;
-                };
-                let name = next_solid(&tokens, k).and_then(|g| next_solid(&tokens, g));
-                if let Some(n) = name.filter(|&n| tokens[n].kind == Kind::Ident) {
-                    names.push(n);
-                }
-            }
-            _ => {}
+    for i in module_scope(&tokens) {
+        if tokens[i].text != "var" {
+            continue;
+        }
+        let Some(j) = next_solid(&tokens, i).filter(|&j| tokens[j].text == "<") else {
+            continue;
+        };
+        let Some(k) = next_solid(&tokens, j).filter(|&k| tokens[k].text == "uniform") else {
+            continue;
+        };
+        let name = next_solid(&tokens, k).and_then(|g| next_solid(&tokens, g));
+        if let Some(n) = name.filter(|&n| tokens[n].kind == Kind::Ident) {
+            names.push(n);
         }
     }
     let declared: Vec<&str> = names.iter().map(|&n| tokens[n].text).collect();
@@ -371,60 +365,58 @@ fn prev_solid(tokens: &[Token<'_>], i: usize) -> Option<usize> {
     (0..i).rev().find(|&j| !tokens[j].text.trim().is_empty())
 }
 
+/// The indices of the tokens outside every brace (module scope).
+fn module_scope(tokens: &[Token<'_>]) -> Vec<usize> {
+    let mut depth = 0i32;
+    let mut out = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        match t.text {
+            "{" => depth += 1,
+            "}" => depth -= 1,
+            _ if depth == 0 => out.push(i),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// The names declared at module scope: functions, structs, constants, overrides,
 /// aliases and variables.
 fn module_names(tokens: &[Token<'_>]) -> Vec<String> {
     let mut names = Vec::new();
-    let mut depth = 0i32;
-    let mut i = 0;
-    while i < tokens.len() {
+    for i in module_scope(tokens) {
         let t = tokens[i];
-        match t.text {
-            "{" => depth += 1,
-            "}" => depth -= 1,
-            _ => {}
-        }
         let declares = matches!(
             t.text,
             "fn" | "struct" | "const" | "override" | "alias" | "var"
         );
-        if depth == 0 && t.kind == Kind::Ident && declares {
-            let mut j = next_solid(tokens, i);
-            // `var<storage, read_write> name`
-            if t.text == "var" && j.is_some_and(|j| tokens[j].text == "<") {
-                let mut k = j.unwrap_or(i);
-                while k < tokens.len() && tokens[k].text != ">" {
-                    k += 1;
-                }
-                j = next_solid(tokens, k);
-            }
-            if let Some(j) = j.filter(|&j| tokens[j].kind == Kind::Ident) {
-                names.push(tokens[j].text.to_string());
-                i = j;
-            }
+        if t.kind != Kind::Ident || !declares {
+            continue;
         }
-        i += 1;
+        let mut j = next_solid(tokens, i);
+        // `var<storage, read_write> name`
+        if t.text == "var" && j.is_some_and(|j| tokens[j].text == "<") {
+            let mut k = j.unwrap_or(i);
+            while k < tokens.len() && tokens[k].text != ">" {
+                k += 1;
+            }
+            j = next_solid(tokens, k);
+        }
+        if let Some(j) = j.filter(|&j| tokens[j].kind == Kind::Ident) {
+            names.push(tokens[j].text.to_string());
+        }
     }
     names
 }
 
 /// The names of the override constants.
 fn override_names(tokens: &[Token<'_>]) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut depth = 0i32;
-    for (i, t) in tokens.iter().enumerate() {
-        match t.text {
-            "{" => depth += 1,
-            "}" => depth -= 1,
-            "override" if depth == 0 => {
-                if let Some(j) = next_solid(tokens, i) {
-                    out.push(tokens[j].text.to_string());
-                }
-            }
-            _ => {}
-        }
-    }
-    out
+    module_scope(tokens)
+        .into_iter()
+        .filter(|&i| tokens[i].text == "override")
+        .filter_map(|i| next_solid(tokens, i))
+        .map(|j| tokens[j].text.to_string())
+        .collect()
 }
 
 /// The tokens joined, every declared name given `sfx`, except after a `.` and where a
@@ -512,18 +504,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     #[test]
     fn kernels_that_cannot_be_joined_are_refused() {
-        let two = format!("{KERNEL}@compute @workgroup_size(1) fn other() {{}}\n");
-        let e = link(&two, 0, 0).unwrap_err().to_string();
-        assert!(e.contains("more than one @compute"), "{e}");
-        let named = KERNEL.replace("fn main(", "fn go(");
-        let e = link(&named, 0, 0).unwrap_err().to_string();
-        assert!(e.contains("not named main"), "{e}");
-        let clash = format!("{KERNEL}const K_ch0 = 1u;\n");
-        let e = link(&clash, 0, 0).unwrap_err().to_string();
-        assert!(e.contains("K_ch0 is declared already"), "{e}");
-        let grouped = KERNEL.replace("@group(0) @binding(1)", "@group(1) @binding(1)");
-        let e = link(&grouped, 0, 0).unwrap_err().to_string();
-        assert!(e.contains("outside group 0"), "{e}");
+        let cases = [
+            (
+                format!("{KERNEL}@compute @workgroup_size(1) fn other() {{}}\n"),
+                "more than one @compute",
+            ),
+            (KERNEL.replace("fn main(", "fn go("), "not named main"),
+            (
+                format!("{KERNEL}const K_ch0 = 1u;\n"),
+                "K_ch0 is declared already",
+            ),
+            (
+                KERNEL.replace("@group(0) @binding(1)", "@group(1) @binding(1)"),
+                "outside group 0",
+            ),
+        ];
+        for (src, want) in cases {
+            let e = link(&src, 0, 0).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
     }
 
     #[test]
