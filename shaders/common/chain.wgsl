@@ -1,5 +1,5 @@
 // A chain (`ops::chain`): several single-token kernels, each joined into this module by
-// `gpu::wgsl_link` with its bindings in a group of its own, run in turn by one dispatch
+// `gpu::wgsl_link` with its bindings from a base of its own, run in turn by one dispatch
 // of a few workgroups. Kernel k is phase k; its workgroups are the phase's items, which
 // the chain's workgroups claim from a counter one at a time. A phase starts once every
 // item of the phase before is done.
@@ -10,16 +10,15 @@
 // last item never waits at the next, so the chain always completes. On llvmpipe a
 // workgroup may take 65535 loop trips in all (its loop limiter, which ends every loop
 // after one trip once they are spent, silently); the host sizes `spin` so that the
-// waits and the most work one workgroup could take stay within them
-// (`ops::chain::spin_reads`).
+// waits and the most work one workgroup could take stay within them (`Run::spin` in
+// ops/chain.rs).
 //
 // The counters of a chain's run are zeroed by the chain after it in the step, whose
 // dispatch starts once this one has ended (the step's last chain's by the first chain
 // of the next step): a counter is never zeroed while a workgroup may still read it.
 //
 // Counts are read with a read-modify-write (an add of 0), which no compiler moves the
-// phase's loads above. The kernels' bindings come first; `CHAIN_BINDING` is the first
-// after them.
+// phase's loads above. The chain's two bindings come first, the kernels' after them.
 
 struct ChainParams {
     // This run's counters: phase k's claims at base + 2 k, its items done after them.
@@ -36,8 +35,8 @@ struct ChainParams {
     grid: array<vec4<u32>, 8>,
 }
 
-@group(0) @binding(CHAIN_BINDING) var<storage, read_write> chain_counts: array<atomic<u32>>;
-@group(0) @binding(CHAIN_BINDING_1) var<storage, read_write> chain: ChainParams;
+@group(0) @binding(0) var<storage, read_write> chain_counts: array<atomic<u32>>;
+@group(0) @binding(1) var<storage, read_write> chain: ChainParams;
 
 var<workgroup> chain_shared: u32;
 // `chain.zero.x`, for the whole workgroup (set first thing by the entry point).

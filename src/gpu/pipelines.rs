@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::{Error, Result};
 
 /// What a kernel's binding i holds, for kernels given an explicit bind group layout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Binding {
     Uniform,
     Read,
@@ -214,7 +214,7 @@ impl Deferred {
             &self.device,
             &self.label,
             &constants,
-            Some(&[&self.layout]),
+            Some(&self.layout),
             &self.source,
         )?);
         Ok(self.made.get_or_init(|| p).clone())
@@ -227,11 +227,7 @@ impl Deferred {
 }
 
 /// Group 0 laid out as `bindings` (binding i holds `bindings[i]`).
-pub(crate) fn group_layout(
-    device: &wgpu::Device,
-    label: &str,
-    bindings: &[Binding],
-) -> wgpu::BindGroupLayout {
+fn group_layout(device: &wgpu::Device, label: &str, bindings: &[Binding]) -> wgpu::BindGroupLayout {
     let entries: Vec<_> = (0u32..).zip(bindings).map(|(i, k)| k.entry(i)).collect();
     device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(label),
@@ -255,13 +251,13 @@ fn runtime_checks() -> wgpu::ShaderRuntimeChecks {
     }
 }
 
-/// Compile `src` into a compute pipeline with its groups laid out as `groups`, or as the
+/// Compile `src` into a compute pipeline with group 0 laid out as `group`, or as the
 /// shader's bindings without (see [`PipelineCache::get_laid_out`]).
 pub(crate) fn compile(
     device: &wgpu::Device,
     label: &str,
     constants: &[(&str, f64)],
-    groups: Option<&[&wgpu::BindGroupLayout]>,
+    group: Option<&wgpu::BindGroupLayout>,
     src: &str,
 ) -> Result<wgpu::ComputePipeline> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -274,12 +270,10 @@ pub(crate) fn compile(
     // counter moves monotonically toward a bound that is a constant, an override or a
     // uniform field sized from a tensor (under 2^27 chunks, far from wrapping a u32).
     let module = unsafe { device.create_shader_module_trusted(desc, runtime_checks()) };
-    let layout = groups.map(|groups| {
-        let groups: Vec<Option<&wgpu::BindGroupLayout>> =
-            groups.iter().copied().map(Some).collect();
+    let layout = group.map(|group| {
         device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
             label: Some(label),
-            bind_group_layouts: &groups,
+            bind_group_layouts: &[Some(group)],
             immediate_size: 0,
         })
     });

@@ -209,22 +209,18 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
     };
     for (i, d) in plan.iter().enumerate() {
         let grid = d.grid(&step);
-        if grid.contains(&0) && !d.copies_in(&step) {
+        // Idle in single-token steps (a batch's kernel): no break in a run.
+        if grid.contains(&0) {
             continue;
         }
-        let joins = match (deferred(d), d.chainable) {
-            (Some(_), Some(c)) if !d.copies_in(&step) => Some(c),
-            _ => None,
-        };
-        let Some(c) = joins else {
+        let joins = deferred(d).zip(d.chainable).filter(|_| !d.copies_in(&step));
+        let Some((pipe, c)) = joins else {
             close(&mut cur, &mut out);
             continue;
         };
         let items = u64::from(grid[0]) * u64::from(grid[1]) * u64::from(grid[2]);
         let work = items * (u64::from(c.trips) + TRIPS_PER_ITEM);
-        let bindings = deferred(d).map_or(Bindings::default(), |p| {
-            Bindings::of(&writable(p.bindings()))
-        });
+        let bindings = Bindings::of(&writable(pipe.bindings()));
         let extend = cur.as_ref().is_some_and(|r| {
             let phases = r.members.len() as u64 + 1;
             let total = r.work + work + phases * TRIPS_PER_PHASE + 64;
@@ -306,7 +302,7 @@ impl Chains {
             for (k, g) in r.grids.iter().enumerate() {
                 params.grid[k] = [g[0], g[1], g[2], g[0] * g[1] * g[2]];
             }
-            let uniform = crate::gpu::upload::storage_init(
+            let params_buf = crate::gpu::upload::storage_init(
                 ctx,
                 "chain params",
                 std::slice::from_ref(&params),
@@ -321,14 +317,13 @@ impl Chains {
                     });
                 }
             }
-            let own = own_base();
             entries.push(wgpu::BindGroupEntry {
-                binding: own,
+                binding: 0,
                 resource: counts.as_entire_binding(),
             });
             entries.push(wgpu::BindGroupEntry {
-                binding: own + 1,
-                resource: uniform.as_entire_binding(),
+                binding: 1,
+                resource: params_buf.as_entire_binding(),
             });
             let bind_group = ctx.scoped("binding a chain", || {
                 ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -438,11 +433,7 @@ fn chain_source(members: &[&Arc<Deferred>]) -> Result<(String, Vec<(String, f64)
     let mut src = directives.join("\n");
     src.push('\n');
     src.push_str(&bodies);
-    let own = own_base();
-    let driver = CHAIN_WGSL
-        .replace("CHAIN_BINDING_1", &(own + 1).to_string())
-        .replace("CHAIN_BINDING", &own.to_string());
-    src.push_str(&driver);
+    src.push_str(CHAIN_WGSL);
     // The subgroup builtins only where a phase takes them (they need the feature).
     let mut params = vec![
         "@builtin(local_invocation_index) chain_l: u32",
@@ -504,8 +495,8 @@ fn phase_call(k: usize, linked: &wgsl_link::Linked) -> Result<String> {
     ))
 }
 
-/// The pipeline of a chain of `members` and its one group's layout: each member's
-/// bindings from [`member_base`], then the chain's counters and parameters.
+/// The pipeline of a chain of `members` and its one group's layout: the chain's
+/// counters and parameters at 0 and 1, then each member's bindings ([`member_bases`]).
 fn compile(
     ctx: &GpuContext,
     members: &[&Arc<Deferred>],
@@ -519,9 +510,8 @@ fn compile(
             entries.push(kind.entry(bases[k] + b));
         }
     }
-    let own = own_base();
-    entries.push(Binding::ReadWrite.entry(own));
-    entries.push(Binding::ReadWrite.entry(own + 1));
+    entries.push(Binding::ReadWrite.entry(0));
+    entries.push(Binding::ReadWrite.entry(1));
     let labels: Vec<&str> = members.iter().map(|d| d.label()).collect();
     let label = format!("chain {}", labels.join(" + "));
     let layout = ctx
@@ -530,13 +520,11 @@ fn compile(
             label: Some(&label),
             entries: &entries,
         });
-    let p =
-        crate::gpu::pipelines::compile(&ctx.device, &label, &constants, Some(&[&layout]), &src)?;
+    let p = crate::gpu::pipelines::compile(&ctx.device, &label, &constants, Some(&layout), &src)?;
     Ok((Arc::new(p), layout))
 }
 
-/// Each member's first binding: after the chain's own two, one after another, with no
-/// gaps (lavapipe 22.3 corrupted its heap binding a group with gaps in its numbers).
+/// Each member's first binding: after the chain's own two, one member after another.
 fn member_bases(members: &[&Arc<Deferred>]) -> Vec<u32> {
     let mut at = 2;
     members
@@ -547,11 +535,6 @@ fn member_bases(members: &[&Arc<Deferred>]) -> Vec<u32> {
             base
         })
         .collect()
-}
-
-/// The chain's own first binding.
-fn own_base() -> u32 {
-    0
 }
 
 /// [`super::record_plan`], with the chains of `plan` in one dispatch each where `step`

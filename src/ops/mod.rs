@@ -70,8 +70,8 @@ pub struct Dispatch {
     /// Whether its single-token steps may run as a phase of a chain ([`chain`]).
     chainable: Option<chain::Chainable>,
     /// What its bind group holds, binding by binding, for a chain to bind again (with
-    /// its storage buffers writable: `chain`). Empty where a binding is of a kind this
-    /// does not keep.
+    /// its storage buffers writable: `chain`). Kept only where the context runs chains,
+    /// and empty where a binding is of a kind this does not keep.
     resources: Vec<Held>,
 }
 
@@ -313,10 +313,7 @@ pub(crate) fn uniform<T: bytemuck::Pod>(ctx: &GpuContext, label: &str, value: &T
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: Some(label),
             contents: bytemuck::bytes_of(value),
-            // Storage too: a chain (`chain`) binds every kernel's uniforms as storage.
-            usage: wgpu::BufferUsages::UNIFORM
-                | wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
         })
 }
 
@@ -362,7 +359,10 @@ pub(crate) fn dispatch_bound<P: bytemuck::Pod>(
             resource,
         });
     }
-    let held: Option<Vec<Held>> = entries.iter().map(|e| Held::of(&e.resource)).collect();
+    let held: Option<Vec<Held>> = match ctx.chains() {
+        true => entries.iter().map(|e| Held::of(&e.resource)).collect(),
+        false => None,
+    };
     let pipeline = pipeline.into();
     let layout = pipeline.group_layout();
     let bind_group = ctx.scoped(&format!("binding {label}"), || {
