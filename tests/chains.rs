@@ -46,6 +46,9 @@ fn same_logits(model: &str, n: usize) {
         "{model}: no chains were formed"
     );
     assert_eq!(off.chained_dispatches(), 0);
+    // The chains' pipelines compile beside the first steps; from here on every
+    // single-token step runs them.
+    on.wait_for_chains().unwrap();
     let ids = tok
         .encode("The history of the Roman empire", false, false)
         .unwrap();
@@ -73,6 +76,8 @@ fn same_logits(model: &str, n: usize) {
     for _ in 0..n {
         next = step(&[next], "single token after a batch");
     }
+    assert_eq!(on.chained_steps(), 2 * n, "{model}: steps run with chains");
+    assert_eq!(off.chained_steps(), 0);
 }
 
 #[test]

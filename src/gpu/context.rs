@@ -40,7 +40,7 @@ pub struct DeviceOptions {
     pub top_k_on_device: Option<bool>,
     /// Run runs of single-token kernels as chains, one dispatch each (`ops::chain`):
     /// `Some(true)` or `Some(false)`; `None`: as `WGLLM_CHAINS` says (`on` or `off`)
-    /// if set, else off ([`GpuContext::chains`]).
+    /// if set, else on lavapipe only ([`GpuContext::chains`]).
     pub chains: Option<bool>,
 }
 
@@ -57,16 +57,23 @@ pub const TOP_K_ENV: &str = "WGLLM_TOP_K";
 pub const CHAINS_ENV: &str = "WGLLM_CHAINS";
 
 /// Whether decode steps run their runs of single-token products as chains (`ops::chain`),
-/// as `opts` or `WGLLM_CHAINS` say; off unless asked. Chains are for CPU-hosted
-/// drivers, whose dispatches are handed to worker threads that sleep between them
-/// (lavapipe: 9-41 us a dispatch against 2-5 us a phase of one, `wgllm-bench sync`).
-/// There they decode SmolLM2 1.12x faster, but creating the joined pipelines adds about
-/// 0.4 s and 65 MiB to a load (docs/perf.md). A GPU's dispatch costs little, and its
-/// workgroups have no promise of running beside each other.
-fn chains_here(opts: &DeviceOptions) -> Result<bool> {
+/// as `opts` or `WGLLM_CHAINS` say, else on llvmpipe's Vulkan driver (lavapipe) only.
+/// Chains are for CPU-hosted drivers, whose dispatches are handed to worker threads that
+/// sleep between them (lavapipe: 9-41 us a dispatch against 2-5 us a phase of one,
+/// `wgllm-bench sync`); there they decode SmolLM2 1.12x faster. Their pipelines compile
+/// beside the first steps and cost about 60 MiB more memory (docs/perf.md). Their
+/// budgets (loop trips, workgroups per thread) are llvmpipe's, and their members read
+/// the subgroup broadcast of a zero ([`crate::gpu::wgsl_link::index_uniforms`]). A GPU's
+/// dispatch costs little, and its workgroups have no promise of running beside each
+/// other.
+fn chains_here(opts: &DeviceOptions, info: &wgpu::AdapterInfo, subgroups: bool) -> Result<bool> {
+    let lavapipe = info.device_type == wgpu::DeviceType::Cpu
+        && info.backend == wgpu::Backend::Vulkan
+        && info.name.contains("llvmpipe")
+        && subgroups;
     match opts.chains {
         Some(on) => Ok(on),
-        None => Ok(env_switch(CHAINS_ENV, ["on", "off"])?.unwrap_or(false)),
+        None => Ok(env_switch(CHAINS_ENV, ["on", "off"])?.unwrap_or(lavapipe)),
     }
 }
 
@@ -468,7 +475,7 @@ impl GpuContext {
         });
         let forced_weights = forced_weights(opts, &info, &limits)?;
         let top_k_here = top_k_on_device(opts, &info)?;
-        let chains_here = chains_here(opts)?;
+        let chains_here = chains_here(opts, &info, has_subgroups)?;
         let huge_pages = super::huge_pages::wanted(info.device_type)?;
         Ok(GpuContext {
             unused_output,

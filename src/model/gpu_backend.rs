@@ -1299,6 +1299,18 @@ impl GpuModel {
         self.chains.as_ref().map_or(0, |c| c.saved())
     }
 
+    /// Single-token steps run with chains so far ([`crate::ops::chain`]).
+    pub fn chained_steps(&self) -> usize {
+        self.chains.as_ref().map_or(0, |c| c.steps())
+    }
+
+    /// Waits until the chains' pipelines, compiled beside the first steps, are ready, so
+    /// that every single-token step from now on runs them; an error if their
+    /// compilation failed. Nothing to wait for where the device runs no chains.
+    pub fn wait_for_chains(&self) -> Result<()> {
+        self.chains.as_ref().map_or(Ok(()), |c| c.wait())
+    }
+
     /// Number of kernel dispatches a generation step runs (of one token, at the start
     /// of the context): the recorded ones whose grid is not empty then (chains apart:
     /// [`Self::chained_dispatches`]).

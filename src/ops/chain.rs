@@ -1,5 +1,5 @@
 //! Chains: a run of consecutive single-token kernels of a step's plan recorded as one
-//! dispatch, for CPU-hosted drivers (off unless asked: `GpuContext::chains`).
+//! dispatch, for CPU-hosted drivers (on lavapipe unless turned off: `GpuContext::chains`).
 //!
 //! lavapipe hands each dispatch's workgroups to worker threads that sleep between
 //! dispatches, and waits for them: `wgllm-bench sync` measured 9-41 us a dispatch of a
@@ -29,7 +29,8 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
 
 use super::{Dispatch, Pipe, StepInfo};
 use crate::gpu::pipelines::{Binding, Deferred};
@@ -75,7 +76,8 @@ struct Chain {
     range: Range<usize>,
     members: Vec<usize>,
     grids: Vec<[u32; 3]>,
-    pipeline: Arc<wgpu::ComputePipeline>,
+    /// Its pipeline: an index into [`Chains::builds`].
+    build: usize,
     /// The members' resources, bound again as the chain lays them out ([`writable`]),
     /// and the chain's own.
     bind_group: wgpu::BindGroup,
@@ -86,6 +88,21 @@ pub struct Chains {
     chains: Vec<Chain>,
     /// Workgroups per chain: the driver's threads.
     workgroups: u32,
+    /// The chains' distinct pipelines, compiled on a thread of their own
+    /// ([`Chains::link`]): set once all are, or once one fails.
+    builds: Arc<OnceLock<std::result::Result<Vec<Arc<wgpu::ComputePipeline>>, String>>>,
+    /// That thread, until joined ([`Chains::wait`]).
+    compiling: Mutex<Option<JoinHandle<()>>>,
+    /// Steps recorded with the chains so far.
+    steps: std::sync::atomic::AtomicUsize,
+}
+
+/// What compiles one of a plan's chain pipelines, on the compiling thread.
+struct Build {
+    label: String,
+    source: String,
+    constants: Vec<(String, f64)>,
+    layout: wgpu::BindGroupLayout,
 }
 
 /// `ChainParams` in shaders/common/chain.wgsl.
@@ -262,9 +279,9 @@ impl Chains {
         }
         let counters: u64 = runs.iter().map(|r| 2 * r.members.len() as u64).sum();
         let counts = crate::gpu::upload::storage(ctx, "chain counters", 4 * counters.max(1))?;
-        // Pipelines and their layouts by members: every layer's chain shares one.
-        let mut made: HashMap<String, (Arc<wgpu::ComputePipeline>, wgpu::BindGroupLayout)> =
-            HashMap::new();
+        // Builds and their layouts by members: every layer's chain shares one.
+        let mut made: HashMap<String, (usize, wgpu::BindGroupLayout)> = HashMap::new();
+        let mut builds: Vec<Build> = Vec::new();
         let mut bases = Vec::with_capacity(runs.len());
         let mut at = 0u32;
         for r in &runs {
@@ -282,10 +299,12 @@ impl Chains {
                 .iter()
                 .map(|d| format!("{}{:?}", d.label(), d.constants()))
                 .collect();
-            let (pipeline, layout) = match made.get(&key.join("|")) {
+            let (build, layout) = match made.get(&key.join("|")) {
                 Some(m) => m.clone(),
                 None => {
-                    let m = compile(ctx, &members)?;
+                    let b = build(ctx, &members)?;
+                    let m = (builds.len(), b.layout.clone());
+                    builds.push(b);
                     made.insert(key.join("|"), m.clone());
                     m
                 }
@@ -336,14 +355,53 @@ impl Chains {
                 range: r.range.clone(),
                 members: r.members.clone(),
                 grids: r.grids.clone(),
-                pipeline,
+                build,
                 bind_group,
             });
         }
+        let made = Arc::new(OnceLock::new());
+        let compiling = compile_apart(ctx, builds, made.clone())?;
         Ok(Some(Chains {
             chains,
             workgroups: driver_threads(),
+            builds: made,
+            compiling: Mutex::new(Some(compiling)),
+            steps: Default::default(),
         }))
+    }
+
+    /// The chains' pipelines, once compiled; `None` while they are being compiled.
+    fn pipelines(&self) -> Result<Option<&[Arc<wgpu::ComputePipeline>]>> {
+        match self.builds.get() {
+            None => Ok(None),
+            Some(Ok(p)) => Ok(Some(p)),
+            Some(Err(e)) => Err(Error::gpu(format!("chains: {e}"))),
+        }
+    }
+
+    /// Steps recorded with the chains so far (the others ran each member apart).
+    pub fn steps(&self) -> usize {
+        self.steps.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Waits until the chains' pipelines are compiled, and says whether they were
+    /// (their compilation's error if not). Steps before then run without chains.
+    pub fn wait(&self) -> Result<()> {
+        let handle = self
+            .compiling
+            .lock()
+            .map_err(|_| Error::gpu("chains: compiling thread's handle poisoned"))?
+            .take();
+        if let Some(h) = handle {
+            h.join()
+                .map_err(|_| Error::gpu("chains: the compiling thread panicked"))?;
+        }
+        match self.pipelines()? {
+            Some(_) => Ok(()),
+            None => Err(Error::gpu(
+                "chains: compiling thread ended without a result",
+            )),
+        }
     }
 
     /// Dispatches the chains spare a single-token step (their members less one each).
@@ -495,14 +553,11 @@ fn phase_call(k: usize, linked: &wgsl_link::Linked) -> Result<String> {
     ))
 }
 
-/// The pipeline of a chain of `members` and its one group's layout: the chain's
-/// counters and parameters at 0 and 1, then each member's bindings ([`member_bases`]).
-fn compile(
-    ctx: &GpuContext,
-    members: &[&Arc<Deferred>],
-) -> Result<(Arc<wgpu::ComputePipeline>, wgpu::BindGroupLayout)> {
-    let (src, constants) = chain_source(members)?;
-    let constants: Vec<(&str, f64)> = constants.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+/// What compiles the pipeline of a chain of `members`, and its one group's layout: the
+/// chain's counters and parameters at 0 and 1, then each member's bindings
+/// ([`member_bases`]).
+fn build(ctx: &GpuContext, members: &[&Arc<Deferred>]) -> Result<Build> {
+    let (source, constants) = chain_source(members)?;
     let mut entries = Vec::new();
     let bases = member_bases(members);
     for (k, d) in members.iter().enumerate() {
@@ -520,8 +575,48 @@ fn compile(
             label: Some(&label),
             entries: &entries,
         });
-    let p = crate::gpu::pipelines::compile(&ctx.device, &label, &constants, Some(&layout), &src)?;
-    Ok((Arc::new(p), layout))
+    Ok(Build {
+        label,
+        source,
+        constants,
+        layout,
+    })
+}
+
+/// Compiles `builds` on a thread of its own and sets `made` when done. llvmpipe takes
+/// about 0.45 s for SmolLM2's three (docs/perf.md), which the load once waited for; now
+/// the prompt's step and the first single tokens run meanwhile, without chains.
+fn compile_apart(
+    ctx: &GpuContext,
+    builds: Vec<Build>,
+    made: Arc<OnceLock<std::result::Result<Vec<Arc<wgpu::ComputePipeline>>, String>>>,
+) -> Result<JoinHandle<()>> {
+    let device = ctx.device.clone();
+    std::thread::Builder::new()
+        .name("chain pipelines".into())
+        .spawn(move || {
+            let compiled = builds
+                .iter()
+                .map(|b| {
+                    let constants: Vec<(&str, f64)> =
+                        b.constants.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                    let p = crate::gpu::pipelines::compile(
+                        &device,
+                        &b.label,
+                        &constants,
+                        Some(&b.layout),
+                        &b.source,
+                    );
+                    p.map(Arc::new).map_err(|e| e.to_string())
+                })
+                .collect();
+            let _ = made.set(compiled);
+        })
+        .map_err(|e| {
+            Error::gpu(format!(
+                "chains: cannot start a thread to compile them: {e}"
+            ))
+        })
 }
 
 /// Each member's first binding: after the chain's own two, one member after another.
@@ -545,9 +640,13 @@ pub fn record_plan(
     chains: &Chains,
     step: &StepInfo,
 ) -> Result<()> {
-    if !chains.run_in(plan, step) {
-        return super::record_plan(enc, plan, step);
-    }
+    let pipelines = match chains.pipelines()? {
+        Some(p) if chains.run_in(plan, step) => p,
+        _ => return super::record_plan(enc, plan, step),
+    };
+    chains
+        .steps
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let desc = wgpu::ComputePassDescriptor {
         label: Some("forward"),
         timestamp_writes: None,
@@ -557,7 +656,7 @@ pub fn record_plan(
     let mut i = 0;
     while i < plan.len() {
         if let Some(c) = next.next_if(|c| c.range.start == i) {
-            pass.set_pipeline(&c.pipeline);
+            pass.set_pipeline(&pipelines[c.build]);
             pass.set_bind_group(0, &c.bind_group, &[]);
             pass.dispatch_workgroups(chains.workgroups, 1, 1);
             i = c.range.end;
