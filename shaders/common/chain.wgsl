@@ -18,7 +18,7 @@
 // of the next step): a counter is never zeroed while a workgroup may still read it.
 //
 // Counts are read with a read-modify-write (an add of 0), which no compiler moves the
-// phase's loads above. The chain's two bindings come first, the kernels' after them.
+// phase's loads above. The chain's three bindings come first, the kernels' after them.
 
 struct ChainParams {
     // This run's counters: phase k's claims at base + 2 k, its items done after them.
@@ -37,6 +37,16 @@ struct ChainParams {
 
 @group(0) @binding(0) var<storage, read_write> chain_counts: array<atomic<u32>>;
 @group(0) @binding(1) var<storage, read_write> chain: ChainParams;
+
+// The step's values (common/step.wgsl's `Step`), bound once for every kernel of the
+// chain, which reads them as `step[chain_zero]` (`ops::chain`'s `STEP_DECL`).
+struct ChainStep {
+    n_tokens: u32,
+    pos: u32,
+    n_kv: u32,
+    _pad: u32,
+}
+@group(0) @binding(2) var<uniform> step: array<ChainStep, 1>;
 
 var<workgroup> chain_shared: u32;
 // `chain.zero.x`, for the whole workgroup (set first thing by the entry point).

@@ -137,9 +137,9 @@ struct Bindings {
 }
 
 impl Bindings {
-    /// The chain's own group: its counters and its parameters.
+    /// The chain's own group: its counters, its parameters and the members' step.
     const CHAIN: Bindings = Bindings {
-        uniform: 0,
+        uniform: 1,
         storage: 2,
         textures: 0,
     };
@@ -187,10 +187,38 @@ fn driver_threads() -> u32 {
         .max(1)
 }
 
-/// The pipeline a chain member runs, if it can join one.
+/// How every kernel declares the step's values (common/step.wgsl) at its binding 0. A
+/// chain binds them once for all its members, at its binding 2: lavapipe allows a
+/// stage 15 uniforms, and Gemma 3's layers run seven products and norms of two or
+/// three each.
+const STEP_DECL: &str = "@group(0) @binding(0) var<uniform> step: Step;";
+
+/// The same after [`wgsl_link::index_uniforms`], the line a member's source loses.
+const STEP_DECL_INDEXED: &str = "@group(0) @binding(0) var<uniform> step: array<Step, 1>;";
+
+/// The pipeline a chain member runs, if it can join one: a chainable kernel that binds
+/// every resource this keeps, the step first.
 fn deferred(d: &Dispatch) -> Option<&Arc<Deferred>> {
     match (&d.pipeline, d.chainable) {
-        (Pipe::Deferred(p), Some(_)) if d.resources.len() == p.bindings().len() => Some(p),
+        (Pipe::Deferred(p), Some(_))
+            if d.resources.len() == p.bindings().len()
+                && p.bindings().first() == Some(&Binding::Uniform)
+                && p.source().contains(STEP_DECL) =>
+        {
+            Some(p)
+        }
+        _ => None,
+    }
+}
+
+/// The buffer a member binds as the step's values (its binding 0, [`STEP_DECL`]).
+fn step_of(d: &Dispatch) -> Option<(&wgpu::Buffer, u64, Option<wgpu::BufferSize>)> {
+    match d.resources.first() {
+        Some(super::Held::Buffer {
+            buffer,
+            offset,
+            size,
+        }) => Some((buffer, *offset, *size)),
         _ => None,
     }
 }
@@ -208,10 +236,20 @@ fn writable(layout: &[Binding]) -> Vec<Binding> {
 }
 
 /// A member's source in a chain: its storage buffers declared writable ([`writable`]),
-/// its uniforms read through `chain_zero` (see the module's notes).
-fn member_source(src: &str) -> String {
-    let src = src.replace("var<storage, read>", "var<storage, read_write>");
-    wgsl_link::index_uniforms(&src, "chain_zero")
+/// its uniforms read through `chain_zero` (see the module's notes), and its step's
+/// declaration left to the chain's ([`STEP_DECL`]).
+fn member_source(d: &Deferred) -> Result<String> {
+    let src = d
+        .source()
+        .replace("var<storage, read>", "var<storage, read_write>");
+    let src = wgsl_link::index_uniforms(&src, "chain_zero");
+    if !src.contains(STEP_DECL_INDEXED) {
+        return Err(Error::gpu(format!(
+            "chain: {} does not declare the step as {STEP_DECL}",
+            d.label()
+        )));
+    }
+    Ok(src.replacen(STEP_DECL_INDEXED, "", 1))
 }
 
 /// The runs of `plan` that single-token steps could run as chains.
@@ -237,13 +275,16 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
         };
         let items = u64::from(grid[0]) * u64::from(grid[1]) * u64::from(grid[2]);
         let work = items * (u64::from(c.trips) + TRIPS_PER_ITEM);
-        let bindings = Bindings::of(&writable(pipe.bindings()));
+        // Binding 0, the step, is the chain's ([`STEP_DECL`]).
+        let bindings = Bindings::of(&writable(&pipe.bindings()[1..]));
+        let step_buf = step_of(d);
         let extend = cur.as_ref().is_some_and(|r| {
             let phases = r.members.len() as u64 + 1;
             let total = r.work + work + phases * TRIPS_PER_PHASE + 64;
             r.members.len() < MAX_PHASES
                 && total + phases * MIN_SPIN <= TRIP_BUDGET
                 && r.bindings.add(bindings).fits(ctx)
+                && step_of(&plan[r.members[0]]) == step_buf
         });
         if !extend {
             close(&mut cur, &mut out);
@@ -329,13 +370,20 @@ impl Chains {
             let mut entries = Vec::new();
             let member_at = member_bases(&members);
             for (k, &m) in r.members.iter().enumerate() {
-                for (b, h) in (0u32..).zip(&plan[m].resources) {
+                for (b, h) in (0u32..).zip(&plan[m].resources).skip(1) {
                     entries.push(wgpu::BindGroupEntry {
                         binding: member_at[k] + b,
                         resource: h.resource(),
                     });
                 }
             }
+            // Every member binds the same step (`runs`): the first's, once.
+            let step = plan[r.members[0]].resources.first();
+            let step = step.ok_or_else(|| Error::gpu("chain: a member binds no step"))?;
+            entries.push(wgpu::BindGroupEntry {
+                binding: 2,
+                resource: step.resource(),
+            });
             entries.push(wgpu::BindGroupEntry {
                 binding: 0,
                 resource: counts.as_entire_binding(),
@@ -438,7 +486,7 @@ fn chain_source(members: &[&Arc<Deferred>]) -> Result<(String, Vec<(String, f64)
     let mut lanes: Option<f64> = None;
     let mut ws0 = String::new();
     for (k, d) in members.iter().enumerate() {
-        let linked = wgsl_link::link(&member_source(d.source()), k, bases[k])?;
+        let linked = wgsl_link::link(&member_source(d)?, k, bases[k])?;
         for dir in &linked.directives {
             if !directives.contains(dir) {
                 directives.push(dir.clone());
@@ -561,12 +609,13 @@ fn build(ctx: &GpuContext, members: &[&Arc<Deferred>]) -> Result<Build> {
     let mut entries = Vec::new();
     let bases = member_bases(members);
     for (k, d) in members.iter().enumerate() {
-        for (b, kind) in (0u32..).zip(writable(d.bindings())) {
+        for (b, kind) in (0u32..).zip(writable(d.bindings())).skip(1) {
             entries.push(kind.entry(bases[k] + b));
         }
     }
     entries.push(Binding::ReadWrite.entry(0));
     entries.push(Binding::ReadWrite.entry(1));
+    entries.push(Binding::Uniform.entry(2));
     let labels: Vec<&str> = members.iter().map(|d| d.label()).collect();
     let label = format!("chain {}", labels.join(" + "));
     let layout = ctx
@@ -619,14 +668,16 @@ fn compile_apart(
         })
 }
 
-/// Each member's first binding: after the chain's own two, one member after another.
+/// Each member's binding base: its binding b (b >= 1; its step, binding 0, is the
+/// chain's) lands at base + b. The chain's own three come first (counters, parameters,
+/// step), then one member after another.
 fn member_bases(members: &[&Arc<Deferred>]) -> Vec<u32> {
-    let mut at = 2;
+    let mut at = 3;
     members
         .iter()
         .map(|d| {
-            let base = at;
-            at += d.bindings().len() as u32;
+            let base = at - 1;
+            at += d.bindings().len().saturating_sub(1) as u32;
             base
         })
         .collect()

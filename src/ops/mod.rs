@@ -450,19 +450,49 @@ pub(crate) fn reduce_pipeline_with(
     span: u32,
     region: Option<(&str, bool)>,
 ) -> crate::Result<Arc<wgpu::ComputePipeline>> {
-    let cpu_hosted = ctx.info.device_type == wgpu::DeviceType::Cpu;
-    let (name, wg) = match ctx.fixed_subgroup() {
-        Some(sg) if sg <= WG && !ctx.workgroup_reductions && (cpu_hosted || span <= 4 * sg) => {
-            (format!("{name}_sg"), sg)
-        }
-        _ => (name.to_string(), reduce_lanes(ctx, span)),
-    };
+    let (name, wg) = reduce_build(ctx, name, span);
     let mut consts = constants.to_vec();
     consts.push(("WG", wg as f64));
     ctx.pipelines
         .get(&ctx.device, &region_label(&name, region), &consts, || {
             region_source(&name, region)
         })
+}
+
+/// The build [`reduce_pipeline`] takes for rows of `span`, and its lanes.
+fn reduce_build(ctx: &GpuContext, name: &str, span: u32) -> (String, u32) {
+    let cpu_hosted = ctx.info.device_type == wgpu::DeviceType::Cpu;
+    match ctx.fixed_subgroup() {
+        Some(sg) if sg <= WG && !ctx.workgroup_reductions && (cpu_hosted || span <= 4 * sg) => {
+            (format!("{name}_sg"), sg)
+        }
+        _ => (name.to_string(), reduce_lanes(ctx, span)),
+    }
+}
+
+/// [`reduce_pipeline`]'s one-subgroup build of `name`, laid out as `bindings` and
+/// compiled when a step first runs it, where the context runs chains: a chain's phases
+/// run on workgroups of one subgroup (`chain`). With its lanes; `None` where chains do
+/// not run or the device takes the other build.
+pub(crate) fn reduce_pipeline_chained(
+    ctx: &GpuContext,
+    name: &str,
+    constants: &[(&str, f64)],
+    span: u32,
+    bindings: &[crate::gpu::pipelines::Binding],
+) -> crate::Result<Option<(Pipe, u32)>> {
+    let (build, wg) = reduce_build(ctx, name, span);
+    if !ctx.chains() || build == name {
+        return Ok(None);
+    }
+    let mut consts = constants.to_vec();
+    consts.push(("WG", wg as f64));
+    let d = ctx
+        .pipelines
+        .deferred(&ctx.device, &build, &consts, bindings, || {
+            crate::gpu::shaders::op_source(&build)
+        })?;
+    Ok(Some((Pipe::Deferred(d), wg)))
 }
 
 /// [`op_pipeline`] with the source's region `region` kept (`keep`) or dropped, as

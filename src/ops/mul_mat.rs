@@ -256,6 +256,21 @@ fn ks1_chainable(wg_rows: u32) -> crate::ops::chain::Chainable {
     }
 }
 
+/// What a single token's workgroup of `mul_mat_ks` on rows of `n_cols` needs to join a
+/// chain (rows too long for `mul_mat_ks1`: Gemma 3's `ffn_down`): a bound on its loop
+/// trips. Each of a lane's chunks (or pairs, fewer) walks the workgroup's [`KS_ROWS`]
+/// rows, one trip each; the sums are then added and stored in a trip a row and one per
+/// block of lanes, and the token loop takes one.
+fn ks_chainable(ctx: &GpuContext, n_cols: u64) -> crate::ops::chain::Chainable {
+    let lanes = ctx.subgroup_min_size.max(1);
+    let lane_chunks = u32::try_from((n_cols / 32).div_ceil(lanes as u64)).unwrap_or(u32::MAX);
+    let trips = lane_chunks
+        .saturating_add(2)
+        .saturating_mul(KS_ROWS + 1)
+        .saturating_add(KS_ROWS + KS_ROWS / lanes + 8);
+    crate::ops::chain::Chainable { trips }
+}
+
 fn lcm(a: u32, b: u32) -> u32 {
     let gcd = |mut a: u32, mut b: u32| {
         while b != 0 {
@@ -1734,6 +1749,9 @@ fn part_dispatches(
             let d = dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid)?;
             Ok(match kernel.ks1 {
                 Some(Ks1Walk::Tokens | Ks1Walk::Heads(_)) => d.chainable(ks1_chainable(wp.wg_rows)),
+                None if v == Variant::Ks && walks_rows => {
+                    d.chainable(ks_chainable(ctx, w.n_cols()))
+                }
                 _ => d,
             })
         })

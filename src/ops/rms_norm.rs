@@ -1,6 +1,8 @@
 //! RMS normalisation times a weight (`shaders/ops/rms_norm.wgsl`).
 
-use super::{dispatch, Dispatch, Store};
+use super::chain::Chainable;
+use super::{dispatch, Dispatch, StepInfo, Store};
+use crate::gpu::pipelines::Binding;
 use crate::gpu::GpuContext;
 use crate::Result;
 
@@ -34,10 +36,33 @@ pub fn gpu(
         _pad: 0,
     };
     let acc = [("ACC", (store == Store::Add) as u8 as f64)];
+    let grid = move |s: &StepInfo| [rows_per_token, s.n_tokens, 1];
+    // Where chains run, the one-subgroup build may join one: Gemma 3's post-norms sit
+    // between a layer's products, and would otherwise break their runs.
+    let chained = super::reduce_pipeline_chained(ctx, "rms_norm", &acc, n, &BINDINGS)?;
+    if let Some((pipe, wg)) = chained {
+        let d = dispatch(ctx, "rms_norm", pipe, step, &p, &[x, w, y], grid)?;
+        return Ok(d.chainable(Chainable {
+            trips: chain_trips(n, wg),
+        }));
+    }
     let pipe = super::reduce_pipeline(ctx, "rms_norm", &acc, n)?;
-    dispatch(ctx, "rms_norm", pipe, step, &p, &[x, w, y], move |s| {
-        [rows_per_token, s.n_tokens, 1]
-    })
+    dispatch(ctx, "rms_norm", pipe, step, &p, &[x, w, y], grid)
+}
+
+/// shaders/ops/rms_norm.wgsl's bindings: the step, its parameters, x, the weight, y.
+const BINDINGS: [Binding; 5] = [
+    Binding::Uniform,
+    Binding::Uniform,
+    Binding::Read,
+    Binding::Read,
+    Binding::ReadWrite,
+];
+
+/// The most loop trips a workgroup of `wg` lanes takes on a row of `n`: its two walks
+/// over the row, four elements a lane a trip.
+fn chain_trips(n: u32, wg: u32) -> u32 {
+    2 * n.div_ceil(4 * wg) + 2
 }
 
 /// CPU reference: each row of `n` in `x` normalised into `y`.
