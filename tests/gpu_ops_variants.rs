@@ -547,8 +547,10 @@ fn variants_small_block_types() {
                 // odd row counts give rows that start at every alignment. 7 tokens are
                 // one short tile in `ks`, 9 a whole one and a single token. Single tokens
                 // of up to 48 chunks run `mul_mat_ks1` in `ks` on 8-lane subgroups, with
-                // the fewest chunks per lane that cover the row: one up to 8 chunks,
-                // three at 576-768 columns (768 fills every lane's), four at 800, six at
+                // the fewest chunks per lane that cover the row, on as many rows at once
+                // as keep the most lanes busy (`mul_mat::ks1_shape`): 32 and 160
+                // columns four rows at once, 96 and 576 two (five chunks on four lanes
+                // each), 768 one (three chunks fill every lane), four at 800, six at
                 // 1536 (full); 1568 run `ks` itself. Batches of two to four run
                 // `ks`'s build without tiles, and `mul_mat_ks1`'s single-token build
                 // alone (three tokens: no whole tile of four).

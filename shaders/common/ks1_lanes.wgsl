@@ -21,10 +21,22 @@ override SLOTS: u32 = 3u;
 // Lane l holds chunks l * SLOTS .. (a contiguous run) rather than l, l + WG, ..; as
 // `RUNS` in `mul_mat_ks`.
 override RUNS: bool = true;
+// Rows a single token's subgroup dots at once, 1, 2 or 4, each on WG / GROUPS lanes
+// (`ops::mul_mat::ks1_shape`): a row whose chunks leave lanes idle in its last slot
+// keeps them busy with the next row's (SmolLM2's 18 chunks: 3 slots of 8 lanes hold 24
+// where 5 slots of 4 lanes hold 20). Lanes l and l + WG / GROUPS hold the same chunks.
+// The batch builds keep 1.
+override GROUPS: u32 = 1u;
+
+// Lanes per row ([`GROUPS`]).
+fn row_lanes() -> u32 {
+    return WG / GROUPS;
+}
 
 // Lane l's k-th chunk of a row of n_chunks: its index, and whether it is in the row.
 fn slot_chunk(k: u32, l: u32, n_chunks: u32) -> vec2<u32> {
-    let want = select(l + k * WG, l * SLOTS + k, RUNS);
+    let lr = l % row_lanes();
+    let want = select(lr + k * row_lanes(), lr * SLOTS + k, RUNS);
     return vec2<u32>(min(want, n_chunks - 1u), u32(want < n_chunks));
 }
 
@@ -43,8 +55,8 @@ fn normed(x: array<vec4<f32>, 8>, c: u32, inv: f32) -> array<vec4<f32>, 8> {
 }
 
 // With NORM, 1 / rms of output token t's activations: the lanes' slots are the whole
-// row, so its sum of squares is one `subgroupAdd` (uniform control flow: every lane
-// calls it). 1 without.
+// row (GROUPS times over), so its sum of squares is one `subgroupAdd` (uniform control
+// flow: every lane calls it). 1 without.
 fn norm_inv(first: u32, t: u32, l: u32, n_chunks: u32) -> f32 {
     if (!NORM) {
         return 1.0;
@@ -57,7 +69,7 @@ fn norm_inv(first: u32, t: u32, l: u32, n_chunks: u32) -> f32 {
             + x[4] * x[4] + x[5] * x[5] + x[6] * x[6] + x[7] * x[7];
         sq += f32(c.y) * (s.x + s.y + s.z + s.w);
     }
-    return inverseSqrt(subgroupAdd(sq) / f32(p.n_cols) + p.norm_eps);
+    return inverseSqrt(subgroupAdd(sq) / f32(GROUPS * p.n_cols) + p.norm_eps);
 }
 
 // `subgroupAdd(v)` for the rows' sums. llvmpipe adds a subgroup's lanes in a scalar loop

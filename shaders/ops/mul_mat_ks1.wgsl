@@ -220,11 +220,13 @@ fn main(
         let s4 = slot(first, t, 4u, l, n_chunks, inv); // @slot 4
         let s5 = slot(first, t, 5u, l, n_chunks, inv); // @slot 5
         var gate = 0.0;
+        let group = l / row_lanes();
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = 0.0;
-            for (var j = 0u; j < min(WG, nr - i0); j++) {
+            for (var j = 0u; j < min(WG, nr - i0); j += GROUPS) {
+                // Group g dots row i0 + j + g (past nr, the last row again, dropped).
                 let v = row_dot(
-                    glu_row(r0 + i0 + j) * p.row_bytes,
+                    glu_row(r0 + min(i0 + j + group, nr - 1u)) * p.row_bytes,
                     s0,
                     s1, // @slot 1
                     s2, // @slot 2
@@ -232,7 +234,11 @@ fn main(
                     s4, // @slot 4
                     s5, // @slot 5
                 );
-                mine = select(mine, lane_sum(v), l == j);
+                // Lane j + g keeps row i0 + j + g's sum: group g's lanes'.
+                for (var g = 0u; g < GROUPS; g++) {
+                    let sum = lane_sum(select(0.0, v, group == g));
+                    mine = select(mine, sum, l == j + g);
+                }
             }
             if (i0 + l < nr) {
                 store_row(t, out0 + i0 + l, mine, gate);

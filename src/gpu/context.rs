@@ -29,6 +29,10 @@ pub struct DeviceOptions {
     /// Add up reductions through workgroup memory even where one subgroup could alone
     /// (`ops::mul_mat::mr_shape`; tests run both paths on one adapter).
     pub workgroup_reductions: bool,
+    /// Single-token `mul_mat_ks1` products dot one row at a time on all of a
+    /// subgroup's lanes, even where rows on fewer lanes each would keep more of them
+    /// busy (`ops::mul_mat::ks1_shape`; tests run both paths on one adapter).
+    pub one_row_at_a_time: bool,
     /// Run this mul_mat variant (an `ops::mul_mat::Variant` name) for every weight
     /// type, whatever `WGLLM_MUL_MAT` and the tuning file say (tests run a GPU's
     /// kernels on any adapter).
@@ -192,6 +196,8 @@ pub struct GpuContext {
     pub has_timestamps: bool,
     /// [`DeviceOptions::workgroup_reductions`].
     pub workgroup_reductions: bool,
+    /// [`DeviceOptions::one_row_at_a_time`].
+    pub one_row_at_a_time: bool,
     /// [`DeviceOptions::mul_mat`].
     pub forced_mul_mat: Option<String>,
     /// Where top-k sampling's candidates are chosen ([`DeviceOptions::top_k_on_device`]).
@@ -492,6 +498,7 @@ impl GpuContext {
             has_subgroups,
             has_timestamps,
             workgroup_reductions: opts.workgroup_reductions,
+            one_row_at_a_time: opts.one_row_at_a_time,
             forced_mul_mat: opts.mul_mat.clone(),
             top_k_here,
             chains_here,

@@ -413,6 +413,31 @@ fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
     }
 }
 
+/// Rows a single token's subgroup of `mul_mat_ks1` dots at once, and the chunks each
+/// lane then holds (`GROUPS` and `SLOTS` in common/ks1_lanes.wgsl), for rows of
+/// `n_chunks`: of 1, 2 or 4 rows on a subgroup's lanes split alike, the one whose slots
+/// leave the fewest idle, the fewest rows among equals. Every lane dots all its slots:
+/// SmolLM2's 18 chunks take 3 slots on 8 lanes (24, 75% busy) or 5 on 4 (20, 90%);
+/// Gemma 3's 20 fill 5 slots on 4. One row and [`ks1_slots`] with
+/// [`GpuContext::one_row_at_a_time`], or where that takes no row (0).
+fn ks1_shape(ctx: &GpuContext, n_chunks: u64) -> (u32, u32) {
+    let lanes = ctx.subgroup_min_size.max(1);
+    if ctx.one_row_at_a_time || ks1_slots(ctx, n_chunks) == 0 {
+        return (1, ks1_slots(ctx, n_chunks));
+    }
+    let shapes = [1u32, 2, 4].into_iter().filter_map(|g| {
+        let row_lanes = lanes / g;
+        let fits = lanes % g == 0 && row_lanes >= 2;
+        let slots = n_chunks.div_ceil(row_lanes.max(1) as u64);
+        (fits && (1..=6).contains(&slots)).then_some((g, slots as u32))
+    });
+    // Busy slots per thousand, then the fewest rows.
+    let busy = |(g, slots): (u32, u32)| n_chunks * 1000 / (slots as u64 * (lanes / g) as u64);
+    shapes
+        .max_by_key(|&s| (busy(s), std::cmp::Reverse(s.0)))
+        .unwrap_or((1, ks1_slots(ctx, n_chunks)))
+}
+
 /// Whether `Ks` walks a single token's chunks in pairs (`PAIRED` in mul_mat_ks.wgsl):
 /// the K-quants, whose neighbouring chunks share words (Q6_K: 1.2-1.4x on lavapipe at
 /// batch 1).
@@ -499,8 +524,11 @@ enum Build {
 /// How a `mul_mat_ks1` kernel is built.
 #[derive(Clone, Copy, Debug)]
 struct Ks1 {
-    /// Chunks per lane ([`ks1_slots`]).
+    /// Chunks per lane ([`ks1_slots`]; [`ks1_shape`] for single tokens).
     slots: u32,
+    /// Rows a single token's subgroup dots at once (`GROUPS`, [`ks1_shape`]); 1 in the
+    /// batch builds.
+    groups: u32,
     /// Whether it folds in the norm before the product (`mul_mat_ks1n`, `Ks` only).
     normed: bool,
     /// Tokens per tile: 1, one token at a time; 4, batches in tiles of four (`TILE`,
@@ -576,6 +604,7 @@ fn kernel_pipeline(
                 ("WG", ctx.subgroup_min_size as f64),
                 ("RUNS", ks_runs(ty) as u8 as f64),
                 ("SLOTS", k.slots as f64),
+                ("GROUPS", k.groups as f64),
             ];
             // `mul_mat_ks1i` is a tile build only.
             if !int {
@@ -849,8 +878,10 @@ fn kernels_compiled(
             Kernel::new(whole, Steps::Many),
         ]);
     }
+    let (groups, slots) = ks1_shape(ctx, n_cols / 32);
     let one = Ks1 {
-        slots: ks1_slots(ctx, n_cols / 32),
+        slots,
+        groups,
         normed,
         tile: 1,
         rope: None,
@@ -867,7 +898,12 @@ fn kernels_compiled(
         // The tile build runs a batch's whole tiles, the single-token build the rest.
         Variant::Ks => {
             let build = |tile| {
-                let build = Build::Ks1(Ks1 { tile, ..one });
+                let build = Build::Ks1(Ks1 {
+                    tile,
+                    slots: ks1_slots(ctx, n_cols / 32),
+                    groups: 1,
+                    ..one
+                });
                 kernel_pipeline(ctx, ty, v, memory, (build, LATER))
             };
             let tiles = build(KS1_TILE)?;
@@ -1447,8 +1483,10 @@ impl<'a> RopeOut<'a> {
 
     /// The single-token build of rows of `n_cols` that ends with `rope`.
     fn kernel_build(ctx: &GpuContext, n_cols: u64, rope: RopeBuild) -> Ks1 {
+        let (groups, slots) = ks1_shape(ctx, n_cols / 32);
         Ks1 {
-            slots: ks1_slots(ctx, n_cols / 32),
+            slots,
+            groups,
             normed: true,
             tile: 1,
             rope: Some(rope),

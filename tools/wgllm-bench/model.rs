@@ -49,8 +49,8 @@ pub struct ModelArgs {
     device: Option<String>,
     /// A second engine beside the first with one GPU setting changed, their steps
     /// interleaved in this process: `mul-mat=VARIANT` (as `WGLLM_MUL_MAT`),
-    /// `weights=buffer|texture`, `no-f16`, `no-subgroups`, `workgroup-reductions` or
-    /// `chains=on|off`.
+    /// `weights=buffer|texture`, `no-f16`, `no-subgroups`, `workgroup-reductions`,
+    /// `one-row-at-a-time` or `chains=on|off`.
     #[arg(long, value_name = "SETTING")]
     versus: Option<String>,
     #[arg(long)]
@@ -99,6 +99,7 @@ fn versus_options(setting: &str, opts: &DeviceOptions) -> Result<DeviceOptions> 
         ("no-f16", None) => o.disable_f16 = true,
         ("no-subgroups", None) => o.disable_subgroups = true,
         ("workgroup-reductions", None) => o.workgroup_reductions = true,
+        ("one-row-at-a-time", None) => o.one_row_at_a_time = true,
         ("chains", Some(v)) => {
             o.chains = Some(match v {
                 "on" => true,
@@ -113,7 +114,8 @@ fn versus_options(setting: &str, opts: &DeviceOptions) -> Result<DeviceOptions> 
         _ => {
             return Err(Error::invalid(format!(
                 "--versus {setting}: expected mul-mat=VARIANT, weights=buffer|texture, \
-                 no-f16, no-subgroups, workgroup-reductions or chains=on|off"
+                 no-f16, no-subgroups, workgroup-reductions, one-row-at-a-time or \
+                 chains=on|off"
             )))
         }
     }
