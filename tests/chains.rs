@@ -1,5 +1,5 @@
 //! Chains (`ops::chain`): on lavapipe a decode step runs each run of single-token
-//! products as one dispatch, its products in turn. The same model loaded with and
+//! kernels (a layer's attention, products and norms) as one dispatch, in turn. The same model loaded with and
 //! without chains must give bit for bit the same logits at every single-token step (the
 //! products run the same code on the same data; only the dispatching differs), before
 //! and after a batch step (which runs without chains) and deep enough that each chain's
@@ -17,6 +17,10 @@ use wgllm::model::Config;
 use wgllm::tokenizer::Tokenizer;
 
 fn load(model: &str, chains: bool) -> (GpuModel, Tokenizer) {
+    load_sized(model, chains, 256, 16)
+}
+
+fn load_sized(model: &str, chains: bool, n_ctx: u32, n_batch: u32) -> (GpuModel, Tokenizer) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("models")
         .join(model);
@@ -29,8 +33,8 @@ fn load(model: &str, chains: bool) -> (GpuModel, Tokenizer) {
     };
     let ctx = Arc::new(GpuContext::new(&opts).unwrap());
     let lo = LoadOptions {
-        n_ctx: 256,
-        n_batch: 16,
+        n_ctx,
+        n_batch,
         ..Default::default()
     };
     (GpuModel::load(ctx, &file, cfg, &lo).unwrap(), tok)
@@ -93,4 +97,69 @@ fn smollm2_chained_steps_give_the_same_logits() {
 #[test]
 fn gemma3_chained_steps_give_the_same_logits() {
     same_logits("gemma-3-270m-q4_k_m.gguf", 6);
+}
+
+/// Both engines' logits after `tokens` at `pos`, compared bit for bit.
+fn same_step(on: &mut GpuModel, off: &mut GpuModel, tokens: &[u32], pos: u32, what: &str) {
+    let a = on.step(tokens, pos, Logits::Last).unwrap();
+    let b = off.step(tokens, pos, Logits::Last).unwrap();
+    let differ = a
+        .iter()
+        .zip(&b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    assert_eq!(differ, 0, "{what} at {pos}: {differ} logits differ");
+}
+
+/// A chain led by a layer's attention runs it only up to the cached positions its loop
+/// budget leaves (`ops::chain::KvTrips`); past them a step runs the attention apart,
+/// before the chain, which skips that phase. Single tokens on both sides of the fewest
+/// and of the most such positions give the same logits as without chains, and every one
+/// of them runs the chains. With 4096 positions SmolLM2's attention splits its keys
+/// from 2048 on, which the chains leave to the dispatches apart.
+fn same_logits_past_the_attention_limit(model: &str) {
+    let (mut on, _) = load_sized(model, true, 4096, 256);
+    let (mut off, _) = load_sized(model, false, 4096, 256);
+    on.wait_for_chains().unwrap();
+    let (fewest, most) = on
+        .chain_attention_limits()
+        .unwrap_or_else(|| panic!("{model}: no chain is led by attention"));
+    assert!(
+        fewest >= 256 && most < 4096,
+        "{model}: limits {fewest}..{most}"
+    );
+    // Any tokens will do: the same ones on both sides.
+    let token = |i: u32| 100 + i * 7919 % 5000;
+    let mut pos = 0u32;
+    let mut singles = 0;
+    for limit in [fewest, most] {
+        // A batch up to four positions before the limit, then eight single tokens
+        // across it.
+        while pos + 4 < limit {
+            let n = (limit - 4 - pos).min(256);
+            let batch: Vec<u32> = (pos..pos + n).map(token).collect();
+            same_step(&mut on, &mut off, &batch, pos, "batch");
+            pos += n;
+        }
+        for _ in 0..8 {
+            same_step(&mut on, &mut off, &[token(pos)], pos, "single token");
+            pos += 1;
+            singles += 1;
+        }
+    }
+    assert_eq!(
+        on.chained_steps(),
+        singles,
+        "{model}: steps run with chains"
+    );
+}
+
+#[test]
+fn smollm2_chains_past_the_attention_limit() {
+    same_logits_past_the_attention_limit("SmolLM2-135M-Instruct.Q4_1.gguf");
+}
+
+#[test]
+fn gemma3_chains_past_the_attention_limit() {
+    same_logits_past_the_attention_limit("gemma-3-270m-q4_k_m.gguf");
 }

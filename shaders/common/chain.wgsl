@@ -26,8 +26,17 @@ struct ChainParams {
     // The counters the chain before this one used, zeroed by this one.
     clear: u32,
     clear_n: u32,
-    // Reads of a count before a workgroup gives up waiting.
+    // The most reads of a count before a workgroup gives up waiting (`chain_spin`).
     spin: u32,
+    // The most cached positions at which phase 0 runs here, where it walks them
+    // (attention, `ops::chain::KvTrips`); past them the host runs it before the chain,
+    // and phase 0 has no items. All ones where phase 0 is not optional.
+    kv_max: u32,
+    // The loop trips a workgroup has for its waits, less phase 0's that grow with the
+    // cached positions: kv_8 more per eight of them.
+    left: u32,
+    kv_8: u32,
+    phases: u32,
     // Zero, which the compiler cannot know: the index of the kernels' uniforms
     // (`gpu::wgsl_link::index_uniforms`).
     zero: vec4<u32>,
@@ -83,10 +92,11 @@ fn chain_done(k: u32, l: u32) {
 fn chain_ready(k: u32, l: u32) -> bool {
     var ok = 0u;
     if (l == 0u) {
-        let want = chain.grid[k - 1u].w;
+        let want = chain_items(k - 1u);
         let at = chain.base + 2u * k - 1u;
         var seen = atomicAdd(&chain_counts[at], 0u);
-        for (var s = 0u; s < chain.spin && seen < want; s++) {
+        let spin = chain_spin();
+        for (var s = 0u; s < spin && seen < want; s++) {
             seen = atomicAdd(&chain_counts[at], 0u);
         }
         ok = u32(seen >= want);
@@ -94,8 +104,8 @@ fn chain_ready(k: u32, l: u32) -> bool {
     return chain_lane0(ok, l) == 1u;
 }
 
-// Zero the counters of the chain before this one (the workgroup that takes phase 0's
-// first item does it).
+// Zero the counters of the chain before this one (the workgroup that takes the first
+// item of the first phase with items does it: `chain_first`).
 fn chain_clear(l: u32) {
     for (var i = 0u; l == 0u && i < chain.clear_n; i++) {
         atomicStore(&chain_counts[chain.clear + i], 0u);
@@ -108,6 +118,22 @@ fn chain_wid(k: u32, i: u32) -> vec3<u32> {
     return vec3<u32>(i % g.x, (i / g.x) % g.y, i / (g.x * g.y));
 }
 
+// Reads each wait may take this step: what the trip budget leaves after the most work a
+// workgroup could take at this step's cached positions, shared among the phases
+// (`Run::spin` in ops/chain.rs), at most `spin`.
+fn chain_spin() -> u32 {
+    let n_kv = step[chain_zero].n_kv;
+    let kv = select(chain.kv_8 * ((min(n_kv, chain.kv_max) + 7u) / 8u), 0u, n_kv > chain.kv_max);
+    return min(chain.spin, (chain.left - min(kv, chain.left)) / max(chain.phases, 1u));
+}
+
+// Phase k's items this step: none for an optional phase 0 past its positions.
 fn chain_items(k: u32) -> u32 {
-    return chain.grid[k].w;
+    let skipped = k == 0u && step[chain_zero].n_kv > chain.kv_max;
+    return select(chain.grid[k].w, 0u, skipped);
+}
+
+// The first phase with items, whose first item zeroes the chain before's counters.
+fn chain_first() -> u32 {
+    return select(0u, 1u, chain_items(0u) == 0u);
 }

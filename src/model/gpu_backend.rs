@@ -33,6 +33,9 @@ struct Recorder<'a> {
     attn_tex: Option<&'a AttnTextures>,
     /// When set, each layer's last-token attention is kept here ([n_ctx, n_head, n_layer]).
     capture: Option<&'a wgpu::Buffer>,
+    /// Where chains run: the buffers odd layers take for Q and its head-normed copy
+    /// ([`GpuModel::q_odd`]).
+    q_odd: Option<&'a [wgpu::Buffer; 2]>,
     n_head: u32,
     kv_dim: u32,
     n_ctx: u32,
@@ -416,6 +419,14 @@ impl Ops for Recorder<'_> {
         norms: Option<&HeadNorms<'_, GpuTensor>>,
         h: &graph::HeadsAttention<'_, wgpu::Buffer>,
     ) -> Result<()> {
+        // Odd layers' Q in buffers of their own where chains run: a chain that starts
+        // with a layer's attention, which reads Q as a uniform, ends with the next
+        // layer's Q/K/V product, which writes Q (`ops::chain`), and wgpu allows a buffer
+        // one kind of use per dispatch.
+        let (qkv, normed) = match self.q_odd {
+            Some([q, qn]) if h.il % 2 == 1 => ([q, qkv[1], qkv[2]], [qn, normed[1]]),
+            _ => (qkv, normed),
+        };
         if self.qkv_rope_attention(w, x, qkv, norms, h)? {
             return Ok(());
         }
@@ -621,6 +632,8 @@ pub struct GpuModel {
     pub(crate) step: wgpu::Buffer,
     pub(crate) ids: wgpu::Buffer,
     pub(crate) scratch: Scratch<wgpu::Buffer>,
+    /// Where chains run, odd layers' Q and its head-normed copy (`Recorder::q_odd`).
+    q_odd: Option<[wgpu::Buffer; 2]>,
     pub(crate) kv: Vec<(wgpu::Buffer, wgpu::Buffer)>,
     pub(crate) probs: wgpu::Buffer,
     /// How a batch's attention is cut to fit `probs`.
@@ -809,6 +822,10 @@ impl GpuModel {
             up: a("up", c.n_ff)?,
             ffn: a("ffn", c.n_ff)?,
         };
+        let q_odd = match ctx.chains() {
+            true => Some([a("q odd", c.q_dim())?, a("qn odd", c.q_dim())?]),
+            false => None,
+        };
         let mut kv = Vec::new();
         for il in 0..c.n_layer {
             // Layers that run elsewhere get no cache.
@@ -854,6 +871,7 @@ impl GpuModel {
             step,
             ids,
             scratch,
+            q_odd,
             kv,
             probs,
             chunks,
@@ -897,6 +915,7 @@ impl GpuModel {
             chunks: self.chunks,
             attn_tex: self.attn_tex.as_ref(),
             capture: self.capture.as_ref(),
+            q_odd: self.q_odd.as_ref(),
             n_head: self.cfg.n_head,
             kv_dim: self.cfg.kv_dim(),
             n_ctx: self.n_ctx,
@@ -1297,6 +1316,13 @@ impl GpuModel {
     /// where the device runs none.
     pub fn chained_dispatches(&self) -> usize {
         self.chains.as_ref().map_or(0, |c| c.saved())
+    }
+
+    /// The fewest and the most cached positions at which a chain runs the attention
+    /// that leads it ([`crate::ops::chain::Chains::kv_limits`]); past them a step runs
+    /// that attention apart.
+    pub fn chain_attention_limits(&self) -> Option<(u32, u32)> {
+        self.chains.as_ref().and_then(|c| c.kv_limits())
     }
 
     /// Single-token steps run with chains so far ([`crate::ops::chain`]).

@@ -8,7 +8,10 @@
 //! (`gpu::wgsl_link`): each kernel's bindings from a base of its own in one group, bound
 //! to the resources its dispatch binds, and shaders/common/chain.wgsl runs the kernels in
 //! turn, a phase each, with as many workgroups as the driver has threads. The chain's
-//! own bindings come first.
+//! own bindings come first: its counters, its parameters, and the step's values, which
+//! every member reads and which it binds once for all ([`STEP_DECL`]). On both models a
+//! layer's attention, products and norms, up to the next layer's Q/K/V product, are one
+//! chain.
 //!
 //! Each member's module is changed on its way in ([`member_source`]):
 //! - its read-only storage buffers are declared writable: wgpu allows a buffer one kind of
@@ -21,11 +24,14 @@
 //!   were loaded lane by lane and the chains ran slower than separate dispatches.
 //!
 //! Only kernels that say how many loop trips a workgroup of theirs takes join
-//! ([`Chainable`], `mul_mat_ks1`'s single-token builds): on llvmpipe a workgroup may
-//! take 65535 in all, and a chain's workgroup may take every item of every phase. A
-//! step runs the chains only where it runs each member with the grid the chain was
-//! built for and nothing between them (single tokens); otherwise, or all chains or none
-//! (each chain zeroes the counters of the one before), the members run as before.
+//! ([`Chainable`]): on llvmpipe a workgroup may take 65535 in all, and a chain's
+//! workgroup may take every item of every phase. Attention's trips grow with the cached
+//! positions: it only leads a chain, as a phase the chain skips past the positions its
+//! budget leaves, the step then running it apart just before ([`KvTrips`]). A step runs
+//! the chains only where it runs each member with the grid the chain was built for and
+//! nothing between them (single tokens); otherwise, or all chains or none (each chain
+//! zeroes the counters of the one before), the members run as before. The pipelines
+//! compile on a thread of their own while the first steps run without them.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -42,11 +48,36 @@ const CHAIN_WGSL: &str = include_str!(concat!(
     "/shaders/common/chain.wgsl"
 ));
 
-/// What a kernel needs to join a chain: the most loop trips one of its workgroups takes.
+/// What a kernel needs to join a chain: the most loop trips one of its workgroups takes,
+/// and where they grow with the cached positions (attention), how.
 #[derive(Clone, Copy, Debug)]
 pub struct Chainable {
     pub trips: u32,
+    pub kv: Option<KvTrips>,
 }
+
+impl Chainable {
+    /// A kernel whose trips do not depend on the step.
+    pub fn fixed(trips: u32) -> Chainable {
+        Chainable { trips, kv: None }
+    }
+}
+
+/// The loop trips of a kernel that walks the cached positions, beyond
+/// [`Chainable::trips`]: `per_8` more per eight positions. Such a kernel only leads a
+/// chain, as an optional first phase: a step whose positions exceed what the chain's
+/// trip budget leaves ([`Run::kv_max`]), or `max_kv` (where its built grid stops
+/// serving the step), runs it as a dispatch of its own before the chain, which then
+/// skips that phase (`chain_items` in shaders/common/chain.wgsl).
+#[derive(Clone, Copy, Debug)]
+pub struct KvTrips {
+    pub per_8: u32,
+    pub max_kv: u32,
+}
+
+/// Fewest cached positions a chain with an optional first phase must serve, or the
+/// kernel does not join it.
+const KV_MIN: u32 = 256;
 
 /// Phases a chain may hold (`ChainParams::grid` in shaders/common/chain.wgsl).
 const MAX_PHASES: usize = 8;
@@ -76,11 +107,32 @@ struct Chain {
     range: Range<usize>,
     members: Vec<usize>,
     grids: Vec<[u32; 3]>,
+    /// The most cached positions at which its first phase runs in it, where that phase
+    /// is optional ([`KvTrips`]); past them the step records it apart, before the chain.
+    kv_max: Option<u32>,
     /// Its pipeline: an index into [`Chains::builds`].
     build: usize,
     /// The members' resources, bound again as the chain lays them out ([`writable`]),
     /// and the chain's own.
     bind_group: wgpu::BindGroup,
+}
+
+impl Chain {
+    /// Whether `step` skips its optional first phase: more cached positions than the
+    /// phase runs in the chain for (`chain_items` in shaders/common/chain.wgsl tells
+    /// the same from the step's values).
+    fn skips_lead(&self, step: &StepInfo) -> bool {
+        self.kv_max.is_some_and(|m| step.n_kv > m)
+    }
+
+    /// The part of its range that `step` records apart, before the chain: up to its
+    /// second member where it skips the first phase, else none.
+    fn lead_apart(&self, step: &StepInfo) -> Range<usize> {
+        match (self.skips_lead(step), self.members.get(1)) {
+            (true, Some(&second)) => self.range.start..second,
+            _ => self.range.start..self.range.start,
+        }
+    }
 }
 
 /// The chains of one plan.
@@ -113,19 +165,28 @@ struct ChainParams {
     clear: u32,
     clear_n: u32,
     spin: u32,
+    kv_max: u32,
+    left: u32,
+    kv_8: u32,
+    phases: u32,
     zero: [u32; 4],
     grid: [[u32; 4]; MAX_PHASES],
 }
 
 /// A run of the plan that may become a chain.
+#[derive(Clone)]
 struct Run {
     range: Range<usize>,
     members: Vec<usize>,
     grids: Vec<[u32; 3]>,
-    /// The most loop trips one workgroup could take doing all of it.
+    /// The most loop trips one workgroup could take doing all of it, its first phase's
+    /// trips per cached position apart ([`Run::kv`]).
     work: u64,
     /// The bindings of its members and of the chain's own group.
     bindings: Bindings,
+    /// Where its first phase walks the cached positions: that phase's items and their
+    /// trips ([`KvTrips`]).
+    kv: Option<(u64, KvTrips)>,
 }
 
 /// Bindings of a stage by kind, to keep a chain within the device's limits per stage.
@@ -170,9 +231,41 @@ impl Bindings {
 }
 
 impl Run {
-    fn spin(&self) -> u64 {
+    /// Trips its first phase adds at `n_kv` cached positions, all its items taken by
+    /// one workgroup.
+    fn kv_work(&self, n_kv: u32) -> u64 {
+        self.kv.map_or(0, |(items, k)| {
+            items * u64::from(k.per_8) * u64::from(n_kv.div_ceil(8))
+        })
+    }
+
+    /// Trips it may take before its waits: its work and the chain's own loops.
+    fn fixed(&self) -> u64 {
+        self.work + self.members.len() as u64 * TRIPS_PER_PHASE + 64
+    }
+
+    /// The most cached positions at which its optional first phase runs in it: what the
+    /// budget leaves after the rest and the fewest waits, up to the kernel's own
+    /// `max_kv`. `None` where it has no such phase.
+    fn kv_max(&self) -> Option<u32> {
+        let (items, k) = self.kv?;
         let phases = self.members.len() as u64;
-        let left = TRIP_BUDGET.saturating_sub(self.work + phases * TRIPS_PER_PHASE + 64);
+        let left = TRIP_BUDGET.saturating_sub(self.fixed() + phases * MIN_SPIN);
+        let eighths = left / (items * u64::from(k.per_8)).max(1);
+        Some(u32::try_from(eighths * 8).unwrap_or(u32::MAX).min(k.max_kv))
+    }
+
+    #[cfg(test)]
+    /// Reads a wait may take at `n_kv` cached positions: what the budget leaves after
+    /// its work there, shared among its phases (`chain_spin` in
+    /// shaders/common/chain.wgsl computes the same each step).
+    fn spin(&self, n_kv: u32) -> u64 {
+        let phases = self.members.len() as u64;
+        let kv = match self.kv_max() {
+            Some(m) if n_kv <= m => self.kv_work(n_kv),
+            _ => 0,
+        };
+        let left = TRIP_BUDGET.saturating_sub(self.fixed() + kv);
         (left / phases.max(1)).min(MAX_SPIN)
     }
 }
@@ -278,16 +371,36 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
         // Binding 0, the step, is the chain's ([`STEP_DECL`]).
         let bindings = Bindings::of(&writable(&pipe.bindings()[1..]));
         let step_buf = step_of(d);
-        let extend = cur.as_ref().is_some_and(|r| {
-            let phases = r.members.len() as u64 + 1;
-            let total = r.work + work + phases * TRIPS_PER_PHASE + 64;
-            r.members.len() < MAX_PHASES
-                && total + phases * MIN_SPIN <= TRIP_BUDGET
-                && r.bindings.add(bindings).fits(ctx)
-                && step_of(&plan[r.members[0]]) == step_buf
-        });
+        // A kernel that walks the cached positions only leads a run.
+        let extend = c.kv.is_none()
+            && cur.as_ref().is_some_and(|r| {
+                let mut next = Run {
+                    members: vec![0; r.members.len() + 1],
+                    work: r.work + work,
+                    ..r.clone()
+                };
+                next.bindings = r.bindings.add(bindings);
+                let phases = next.members.len() as u64;
+                r.members.len() < MAX_PHASES
+                    && next.fixed() + next.kv_work(KV_MIN) + phases * MIN_SPIN <= TRIP_BUDGET
+                    && next.bindings.fits(ctx)
+                    && step_of(&plan[r.members[0]]) == step_buf
+            });
         if !extend {
             close(&mut cur, &mut out);
+        }
+        // Every extension leaves a run's optional first phase at least [`KV_MIN`]
+        // positions; one that cannot serve them alone does not lead.
+        let lead = Run {
+            range: i..i + 1,
+            members: vec![i],
+            grids: vec![grid],
+            work,
+            bindings: Bindings::CHAIN.add(bindings),
+            kv: c.kv.map(|k| (items, k)),
+        };
+        if lead.kv_max().is_some_and(|n| n < KV_MIN) {
+            continue;
         }
         let r = cur.get_or_insert_with(|| Run {
             range: i..i,
@@ -295,6 +408,7 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
             grids: Vec::new(),
             work: 0,
             bindings: Bindings::CHAIN,
+            kv: c.kv.map(|k| (items, k)),
         });
         r.range.end = i + 1;
         r.members.push(i);
@@ -355,7 +469,11 @@ impl Chains {
                 base: bases[c],
                 clear: bases[prev],
                 clear_n: 2 * runs[prev].members.len() as u32,
-                spin: r.spin() as u32,
+                spin: MAX_SPIN as u32,
+                kv_max: r.kv_max().unwrap_or(u32::MAX),
+                left: u32::try_from(TRIP_BUDGET.saturating_sub(r.fixed())).unwrap_or(0),
+                kv_8: r.kv.map_or(0, |(items, k)| items as u32 * k.per_8),
+                phases: r.members.len() as u32,
                 zero: [0; 4],
                 grid: [[0; 4]; MAX_PHASES],
             };
@@ -403,6 +521,7 @@ impl Chains {
                 range: r.range.clone(),
                 members: r.members.clone(),
                 grids: r.grids.clone(),
+                kv_max: r.kv_max(),
                 build,
                 bind_group,
             });
@@ -425,6 +544,13 @@ impl Chains {
             Some(Ok(p)) => Ok(Some(p)),
             Some(Err(e)) => Err(Error::gpu(format!("chains: {e}"))),
         }
+    }
+
+    /// The fewest and the most cached positions up to which a chain runs its optional
+    /// first phase (attention, [`KvTrips`]); `None` where no chain has one.
+    pub fn kv_limits(&self) -> Option<(u32, u32)> {
+        let limits = self.chains.iter().filter_map(|c| c.kv_max);
+        Some((limits.clone().min()?, limits.max()?))
     }
 
     /// Steps recorded with the chains so far (the others ran each member apart).
@@ -458,19 +584,23 @@ impl Chains {
     }
 
     /// Whether `step` runs the chains: every member with the grid its chain was built
-    /// for, and nothing else in a chain's range.
+    /// for, and nothing else in a chain's range; but where a chain's optional first
+    /// phase is skipped ([`Chain::skips_lead`]), whatever its range holds before the
+    /// second member, recorded apart.
     fn run_in(&self, plan: &[Dispatch], step: &StepInfo) -> bool {
         step.n_tokens == 1
             && self.chains.iter().all(|c| {
+                let apart = c.lead_apart(step);
                 c.range.clone().all(|i| {
                     let d = &plan[i];
                     let member = c.members.iter().position(|&m| m == i);
                     let grid = d.grid(step);
-                    !d.copies_in(step)
-                        && match member {
-                            Some(k) => grid == c.grids[k],
-                            None => grid.contains(&0),
-                        }
+                    apart.contains(&i)
+                        || !d.copies_in(step)
+                            && match member {
+                                Some(k) => grid == c.grids[k],
+                                None => grid.contains(&0),
+                            }
                 })
             })
     }
@@ -589,10 +719,12 @@ fn phase_call(k: usize, linked: &wgsl_link::Linked) -> Result<String> {
     } else {
         format!("    if (!chain_ready({k}u, chain_l)) {{\n        return;\n    }}\n")
     };
-    let clear = if k == 0 {
-        "        if (i == 0u) {\n            chain_clear(chain_l);\n        }\n"
+    // The first phase that has items zeroes the chain before's counters: the first, or
+    // the second where the first is skipped.
+    let clear = if k <= 1 {
+        format!("        if (i == 0u && chain_first() == {k}u) {{\n            chain_clear(chain_l);\n        }}\n")
     } else {
-        ""
+        String::new()
     };
     Ok(format!(
         "{wait}    loop {{\n        let i = chain_claim({k}u, chain_l);\n        if (i >= chain_items({k}u)) {{\n            break;\n        }}\n{clear}        {}({});\n        chain_done({k}u, chain_l);\n    }}\n",
@@ -719,6 +851,14 @@ pub fn record_plan(
     let mut i = 0;
     while i < plan.len() {
         if let Some(c) = next.next_if(|c| c.range.start == i) {
+            for d in &plan[c.lead_apart(step)] {
+                if d.copies_in(step) {
+                    drop(pass);
+                    d.record_copies(enc, step);
+                    pass = enc.begin_compute_pass(&desc).forget_lifetime();
+                }
+                d.record(&mut pass, step)?;
+            }
             pass.set_pipeline(&pipelines[c.build]);
             pass.set_bind_group(0, &c.bind_group, &[]);
             pass.dispatch_workgroups(chains.workgroups, 1, 1);
@@ -749,14 +889,38 @@ mod tests {
             grids: vec![[1, 1, 1]; phases],
             work,
             bindings: Bindings::CHAIN,
+            kv: None,
         };
-        assert_eq!(run(1000, 4).spin(), MAX_SPIN);
+        assert_eq!(run(1000, 4).spin(0), MAX_SPIN);
         let tight = run(60_000, 4);
         assert_eq!(
-            tight.spin(),
+            tight.spin(0),
             (TRIP_BUDGET - 60_000 - 4 * TRIPS_PER_PHASE - 64) / 4
         );
-        assert!(tight.spin() >= MIN_SPIN);
-        assert_eq!(run(70_000, 2).spin(), 0);
+        assert!(tight.spin(0) >= MIN_SPIN);
+        assert_eq!(run(70_000, 2).spin(0), 0);
+    }
+
+    #[test]
+    fn a_run_led_by_attention_keeps_its_waits_within_the_budget_up_to_its_limit() {
+        let run = |max_kv| Run {
+            range: 0..5,
+            members: (0..5).collect(),
+            grids: vec![[3, 1, 1]; 5],
+            work: 30_000,
+            bindings: Bindings::CHAIN,
+            kv: Some((3, KvTrips { per_8: 37, max_kv })),
+        };
+        let r = run(4096);
+        let limit = r.kv_max().unwrap();
+        assert!(limit >= KV_MIN && limit < 4096);
+        // At the limit every wait still gets its fewest reads, and the work and the
+        // waits stay within the budget; one position past it, the phase runs apart.
+        assert!(r.spin(limit) >= MIN_SPIN);
+        assert!(r.fixed() + r.kv_work(limit) + 5 * r.spin(limit) <= TRIP_BUDGET);
+        assert!(r.kv_work(limit + 8) + r.fixed() + 5 * MIN_SPIN > TRIP_BUDGET);
+        assert!(r.spin(limit + 1) > r.spin(limit));
+        // The kernel's own limit caps it.
+        assert_eq!(run(1000).kv_max(), Some(1000));
     }
 }

@@ -251,9 +251,7 @@ fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
 /// block of lanes); RoPE's epilogue walks each head it stored in loops of a few trips per
 /// lane block. Four trips a row and a few hundred more leave room for both.
 fn ks1_chainable(wg_rows: u32) -> crate::ops::chain::Chainable {
-    crate::ops::chain::Chainable {
-        trips: wg_rows.saturating_mul(4).saturating_add(256),
-    }
+    crate::ops::chain::Chainable::fixed(wg_rows.saturating_mul(4).saturating_add(256))
 }
 
 /// What a single token's workgroup of `mul_mat_ks` on rows of `n_cols` needs to join a
@@ -268,7 +266,7 @@ fn ks_chainable(ctx: &GpuContext, n_cols: u64) -> crate::ops::chain::Chainable {
         .saturating_add(2)
         .saturating_mul(KS_ROWS + 1)
         .saturating_add(KS_ROWS + KS_ROWS / lanes + 8);
-    crate::ops::chain::Chainable { trips }
+    crate::ops::chain::Chainable::fixed(trips)
 }
 
 fn lcm(a: u32, b: u32) -> u32 {

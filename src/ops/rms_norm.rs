@@ -42,9 +42,7 @@ pub fn gpu(
     let chained = super::reduce_pipeline_chained(ctx, "rms_norm", &acc, n, &BINDINGS)?;
     if let Some((pipe, wg)) = chained {
         let d = dispatch(ctx, "rms_norm", pipe, step, &p, &[x, w, y], grid)?;
-        return Ok(d.chainable(Chainable {
-            trips: chain_trips(n, wg),
-        }));
+        return Ok(d.chainable(Chainable::fixed(chain_trips(n, wg))));
     }
     let pipe = super::reduce_pipeline(ctx, "rms_norm", &acc, n)?;
     dispatch(ctx, "rms_norm", pipe, step, &p, &[x, w, y], grid)

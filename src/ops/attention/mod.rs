@@ -5,6 +5,7 @@
 //! The probabilities stay in their buffer after the step, so tools can show where the
 //! model looked.
 
+use super::chain::{Chainable, KvTrips};
 use super::{
     dispatch, groups, op_pipeline, op_pipeline_later, Dispatch, Pipe, StepInfo, WarmJob, WG,
 };
@@ -121,7 +122,7 @@ pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention, batch: u32) -> Vec<W
     let decode_tex = attn.decodes_from_textures(ctx);
     let heads = attn.decode_heads(decode_tex);
     jobs.push(Box::new(move || {
-        decode_pipeline(ctx, decode_tex, heads, 1).map(drop)
+        decode_pipe(ctx, decode_tex, heads, 1).map(drop)
     }));
     let splits = attn.decode_splits(decode_tex, heads);
     if splits > 1 {
@@ -200,6 +201,45 @@ fn decode_pipeline(
         })
         .map(Some)
 }
+
+/// [`decode_pipeline`] as a dispatch takes it: where the context runs chains, the
+/// whole rows' build from textures is laid out for a chain to join
+/// ([`Attention::decode_chainable`]), compiled now all the same.
+fn decode_pipe(ctx: &GpuContext, tex: bool, heads: u32, splits: u32) -> Result<Option<Pipe>> {
+    if !(ctx.chains() && tex && splits == 1) {
+        return Ok(decode_pipeline(ctx, tex, heads, splits)?.map(Pipe::Ready));
+    }
+    let Some(sg) = ctx.fixed_subgroup().filter(|_| decode_available(ctx)) else {
+        return Ok(None);
+    };
+    let consts = [("WG", sg as f64), ("HG", heads as f64), ("SPLITS", 1.0)];
+    let name = "attn_decode_tex";
+    let d = ctx
+        .pipelines
+        .deferred(&ctx.device, name, &consts, &DECODE_TEX_BINDINGS, || {
+            crate::gpu::shaders::op_source(name)
+        })?;
+    d.get()?;
+    Ok(Some(Pipe::Deferred(d)))
+}
+
+/// Lanes of `attn_decode`'s workgroups: the device's fixed subgroup size.
+fn sg_lanes(ctx: &GpuContext) -> u32 {
+    ctx.fixed_subgroup().unwrap_or(1)
+}
+
+/// `attn_decode_tex`'s bindings: the step, its parameters, q (a uniform), K's and V's
+/// textures, the probabilities, the output and the splits' parts.
+const DECODE_TEX_BINDINGS: [Binding; 8] = [
+    Binding::Uniform,
+    Binding::Uniform,
+    Binding::Uniform,
+    Binding::Texture,
+    Binding::Texture,
+    Binding::ReadWrite,
+    Binding::ReadWrite,
+    Binding::ReadWrite,
+];
 
 /// The first key a query at `qpos` sees (common/attn_mask.wgsl's `window_start`): past a
 /// sliding `window`'s reach, the one `window` keys back; else key 0.
@@ -365,6 +405,38 @@ impl Attention {
         (2 * cores).div_ceil(groups).clamp(1, MAX_DECODE_SPLITS)
     }
 
+    /// What `attn_decode`'s whole rows' build needs to lead a chain (`ops::chain`): a
+    /// bound on a workgroup's loop trips, `heads` query heads over the cached
+    /// positions, counted from the kernel's loops with a margin (each loop's trips plus
+    /// its exit, unrolled ones too): per eight positions, the scores' four keys per lane
+    /// and their `head_dim / 8` pairs of texels for each head, the softmax's two walks,
+    /// and each lane's value rows over a texel of eight positions for each head. It
+    /// serves steps up to [`DECODE_MAX_KV`] positions, or with `splits`, below
+    /// [`SPLIT_MIN_KV`].
+    fn decode_chainable(&self, lanes: u32, heads: u32, splits: bool) -> Chainable {
+        let wg = lanes.max(1);
+        let d4 = self.head_dim / 4;
+        let hg = heads;
+        // One trip of the scores' loop: its four keys, the pairs of texels (each over
+        // the heads) and the mask's walk over the heads.
+        let key_trip = 1 + 5 + (d4 / 2 + 1) * (hg + 2) + (hg + 1);
+        // The lanes' walks over the vec4s of positions: the zeroing (windowed layers),
+        // the scores and the softmax's two, 2 / WG trips per eight positions each.
+        let walks = (hg + 1) + key_trip + 2 * hg;
+        // The values: each lane's rows, over a texel of eight positions, each head.
+        let rows = d4.div_ceil(wg) + 2;
+        let per_8 = (2 * walks).div_ceil(wg) + rows * (hg + 2);
+        let trips = 2 * walks + hg + 1 + rows * (2 * (hg + 2) + hg + 1) + 64;
+        let max_kv = match splits {
+            true => SPLIT_MIN_KV - 1,
+            false => DECODE_MAX_KV,
+        };
+        Chainable {
+            trips,
+            kv: Some(KvTrips { per_8, max_kv }),
+        }
+    }
+
     /// Whether single tokens read q as a uniform and K and V from textures
     /// (`attn_decode_tex`), given a q buffer that binds as one
     /// (`mul_mat::reads_uniform`): V's texture holds a row of texels per value row.
@@ -512,7 +584,7 @@ impl Attention {
             tex.filter(|_| self.decodes_from_textures(ctx) && super::mul_mat::reads_uniform(q));
         let heads = self.decode_heads(tex.is_some());
         let splits = self.decode_splits(tex.is_some(), heads);
-        let Some(whole) = decode_pipeline(ctx, tex.is_some(), heads, 1)? else {
+        let Some(whole) = decode_pipe(ctx, tex.is_some(), heads, 1)? else {
             return Ok(None);
         };
         let p = DecodeParams {
@@ -532,7 +604,7 @@ impl Attention {
         let mut builds = vec![(whole, 1)];
         if splits > 1 {
             let split = decode_pipeline(ctx, tex.is_some(), heads, splits)?;
-            builds.extend(split.map(|pipe| (pipe, splits)));
+            builds.extend(split.map(|pipe| (Pipe::Ready(pipe), splits)));
         }
         let has_splits = builds.len() > 1;
         let groups = self.n_head / heads;
@@ -562,8 +634,13 @@ impl Attention {
                 out.as_entire_binding(),
                 part.as_entire_binding(),
             ];
+            let chainable = matches!(pipe, Pipe::Deferred(_)) && n == 1;
             let d = super::dispatch_bound(ctx, "attn_decode", pipe, step, &p, resources, grid)?;
-            dispatches.push(d.with_copies(t.cache_copies(self, k_cache, v_cache)));
+            let d = d.with_copies(t.cache_copies(self, k_cache, v_cache));
+            dispatches.push(match chainable {
+                true => d.chainable(self.decode_chainable(sg_lanes(ctx), heads, has_splits)),
+                false => d,
+            });
         }
         if has_splits {
             let join = op_pipeline_with(ctx, "attn_decode_join", splits)?;
