@@ -913,7 +913,7 @@ mod tests {
         };
         let r = run(4096);
         let limit = r.kv_max().unwrap();
-        assert!(limit >= KV_MIN && limit < 4096);
+        assert!((KV_MIN..4096).contains(&limit));
         // At the limit every wait still gets its fewest reads, and the work and the
         // waits stay within the budget; one position past it, the phase runs apart.
         assert!(r.spin(limit) >= MIN_SPIN);
