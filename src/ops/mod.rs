@@ -470,8 +470,8 @@ fn reduce_build(ctx: &GpuContext, name: &str, span: u32) -> (String, u32) {
     }
 }
 
-/// [`reduce_pipeline`]'s one-subgroup build of `name`, laid out as `bindings` and
-/// compiled when a step first runs it, where the context runs chains: a chain's phases
+/// [`reduce_pipeline`]'s one-subgroup build of `name`, laid out as `bindings` (a
+/// deferred pipeline, compiled all the same), where the context runs chains: a chain's phases
 /// run on workgroups of one subgroup (`chain`). With its lanes; `None` where chains do
 /// not run or the device takes the other build.
 pub(crate) fn reduce_pipeline_chained(
@@ -492,6 +492,8 @@ pub(crate) fn reduce_pipeline_chained(
         .deferred(&ctx.device, &build, &consts, bindings, || {
             crate::gpu::shaders::op_source(&build)
         })?;
+    // Compiled now, as [`reduce_pipeline`]'s are: single tokens compile nothing.
+    d.get()?;
     Ok(Some((Pipe::Deferred(d), wg)))
 }
 
