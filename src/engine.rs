@@ -160,6 +160,10 @@ impl Engine for Hybrid {
         &self.cpu.cfg
     }
 
+    fn settle(&self) -> Result<()> {
+        self.gpu.settle()
+    }
+
     fn device(&self) -> String {
         self.gpu.device()
     }

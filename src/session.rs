@@ -50,6 +50,11 @@ pub trait Engine: Send {
     fn compiles_for(&self, _n: u32, _pos: u32) -> bool {
         false
     }
+    /// Waits for what the engine builds in the background for later steps (a GPU's
+    /// chains, `ops::chain`), so that the steps after run as fast as they will.
+    fn settle(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Prompts of at most this many tokens run one token at a time where a batch of their
@@ -104,6 +109,9 @@ impl Engine for crate::model::gpu_backend::GpuModel {
     }
     fn compiles_for(&self, n: u32, pos: u32) -> bool {
         crate::model::gpu_backend::GpuModel::compiles_for(self, n, pos)
+    }
+    fn settle(&self) -> Result<()> {
+        self.wait_for_chains()
     }
     fn device(&self) -> String {
         format!(

@@ -141,9 +141,11 @@ pub struct Chains {
     /// Workgroups per chain: the driver's threads.
     workgroups: u32,
     /// The chains' distinct pipelines, compiled on a thread of their own
-    /// ([`Chains::link`]): set once all are, or once one fails.
+    /// ([`Chains::start`]): set once all are, or once one fails.
     builds: Arc<OnceLock<std::result::Result<Vec<Arc<wgpu::ComputePipeline>>, String>>>,
-    /// That thread, until joined ([`Chains::wait`]).
+    /// What that thread compiles, until it starts.
+    pending: Mutex<Option<(wgpu::Device, Vec<Build>)>>,
+    /// That thread, once started and until joined ([`Chains::wait`]).
     compiling: Mutex<Option<JoinHandle<()>>>,
     /// Steps recorded with the chains so far.
     steps: std::sync::atomic::AtomicUsize,
@@ -526,15 +528,28 @@ impl Chains {
                 bind_group,
             });
         }
-        let made = Arc::new(OnceLock::new());
-        let compiling = compile_apart(ctx, builds, made.clone())?;
         Ok(Some(Chains {
             chains,
             workgroups: driver_threads(),
-            builds: made,
-            compiling: Mutex::new(Some(compiling)),
+            builds: Arc::new(OnceLock::new()),
+            pending: Mutex::new(Some((ctx.device.clone(), builds))),
+            compiling: Mutex::new(None),
             steps: Default::default(),
         }))
+    }
+
+    /// Starts compiling the chains' pipelines on a thread of their own, if not yet
+    /// started. Single-token steps start it: on lavapipe it takes 0.8 s (SmolLM2) to
+    /// 2.2 s (Gemma 3) of a core (docs/perf.md), which a prompt's batch, run first, would
+    /// share its cores with.
+    fn start(&self) -> Result<()> {
+        let poisoned = || Error::gpu("chains: their compilation's state poisoned");
+        let Some((device, builds)) = self.pending.lock().map_err(|_| poisoned())?.take() else {
+            return Ok(());
+        };
+        let handle = compile_apart(device, builds, self.builds.clone())?;
+        *self.compiling.lock().map_err(|_| poisoned())? = Some(handle);
+        Ok(())
     }
 
     /// The chains' pipelines, once compiled; `None` while they are being compiled.
@@ -558,9 +573,11 @@ impl Chains {
         self.steps.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Waits until the chains' pipelines are compiled, and says whether they were
-    /// (their compilation's error if not). Steps before then run without chains.
+    /// Waits until the chains' pipelines are compiled (starting their compilation if no
+    /// single token has), and says whether they were (their compilation's error if
+    /// not). Steps before then run without chains.
     pub fn wait(&self) -> Result<()> {
+        self.start()?;
         let handle = self
             .compiling
             .lock()
@@ -764,15 +781,13 @@ fn build(ctx: &GpuContext, members: &[&Arc<Deferred>]) -> Result<Build> {
     })
 }
 
-/// Compiles `builds` on a thread of its own and sets `made` when done. llvmpipe takes
-/// about 0.45 s for SmolLM2's three (docs/perf.md), which the load once waited for; now
-/// the prompt's step and the first single tokens run meanwhile, without chains.
+/// Compiles `builds` on a thread of its own and sets `made` when done. The load once
+/// waited for it; now the first single tokens run meanwhile, without chains.
 fn compile_apart(
-    ctx: &GpuContext,
+    device: wgpu::Device,
     builds: Vec<Build>,
     made: Arc<OnceLock<std::result::Result<Vec<Arc<wgpu::ComputePipeline>>, String>>>,
 ) -> Result<JoinHandle<()>> {
-    let device = ctx.device.clone();
     std::thread::Builder::new()
         .name("chain pipelines".into())
         .spawn(move || {
@@ -835,6 +850,9 @@ pub fn record_plan(
     chains: &Chains,
     step: &StepInfo,
 ) -> Result<()> {
+    if step.n_tokens == 1 {
+        chains.start()?;
+    }
     let pipelines = match chains.pipelines()? {
         Some(p) if chains.run_in(plan, step) => p,
         _ => return super::record_plan(enc, plan, step),
