@@ -45,9 +45,9 @@ fn load_sized(model: &str, chains: bool, n_ctx: u32, n_batch: u32) -> (GpuModel,
 fn same_logits(model: &str, n: usize) {
     let (mut on, tok) = load(model, true);
     let (mut off, _) = load(model, false);
-    // A layer's products and norms join one chain, all but its attention: at least
-    // three dispatches spared per layer (SmolLM2's four products, Gemma 3's five
-    // products and two post-norms).
+    // A layer's attention, products and norms join one chain: at least three
+    // dispatches spared per layer (SmolLM2's attention and four products, Gemma 3's
+    // attention, five products and two post-norms).
     let layers = on.cfg.n_layer as usize;
     assert!(
         on.chained_dispatches() >= 3 * (layers - 1),
@@ -63,19 +63,9 @@ fn same_logits(model: &str, n: usize) {
         .unwrap();
     let mut pos = 0u32;
     let mut step = |tokens: &[u32], what: &str| -> u32 {
-        let a = on.step(tokens, pos, Logits::Last).unwrap();
-        let b = off.step(tokens, pos, Logits::Last).unwrap();
-        let differ = a
-            .iter()
-            .zip(&b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        assert_eq!(
-            differ, 0,
-            "{model}, {what} at {pos}: {differ} logits differ"
-        );
+        let logits = same_step(&mut on, &mut off, tokens, pos, &format!("{model}, {what}"));
         pos += tokens.len() as u32;
-        wgllm::sampling::argmax(&a)
+        wgllm::sampling::argmax(&logits)
     };
     let mut next = step(&ids, "prompt");
     for _ in 0..n {
@@ -99,8 +89,14 @@ fn gemma3_chained_steps_give_the_same_logits() {
     same_logits("gemma-3-270m-q4_k_m.gguf", 6);
 }
 
-/// Both engines' logits after `tokens` at `pos`, compared bit for bit.
-fn same_step(on: &mut GpuModel, off: &mut GpuModel, tokens: &[u32], pos: u32, what: &str) {
+/// Both engines' logits after `tokens` at `pos`, compared bit for bit; the first's.
+fn same_step(
+    on: &mut GpuModel,
+    off: &mut GpuModel,
+    tokens: &[u32],
+    pos: u32,
+    what: &str,
+) -> Vec<f32> {
     let a = on.step(tokens, pos, Logits::Last).unwrap();
     let b = off.step(tokens, pos, Logits::Last).unwrap();
     let differ = a
@@ -109,6 +105,7 @@ fn same_step(on: &mut GpuModel, off: &mut GpuModel, tokens: &[u32], pos: u32, wh
         .filter(|(x, y)| x.to_bits() != y.to_bits())
         .count();
     assert_eq!(differ, 0, "{what} at {pos}: {differ} logits differ");
+    a
 }
 
 /// A chain led by a layer's attention runs it only up to the cached positions its loop
@@ -138,11 +135,12 @@ fn same_logits_past_the_attention_limit(model: &str) {
         while pos + 4 < limit {
             let n = (limit - 4 - pos).min(256);
             let batch: Vec<u32> = (pos..pos + n).map(token).collect();
-            same_step(&mut on, &mut off, &batch, pos, "batch");
+            same_step(&mut on, &mut off, &batch, pos, &format!("{model}, batch"));
             pos += n;
         }
         for _ in 0..8 {
-            same_step(&mut on, &mut off, &[token(pos)], pos, "single token");
+            let what = format!("{model}, single token");
+            same_step(&mut on, &mut off, &[token(pos)], pos, &what);
             pos += 1;
             singles += 1;
         }
