@@ -234,11 +234,34 @@ impl Bindings {
 
 impl Run {
     /// Trips its first phase adds at `n_kv` cached positions, all its items taken by
-    /// one workgroup.
+    /// one workgroup (`chain_spin` in shaders/common/chain.wgsl counts them each step).
+    #[cfg(test)]
     fn kv_work(&self, n_kv: u32) -> u64 {
         self.kv.map_or(0, |(items, k)| {
             items * u64::from(k.per_8) * u64::from(n_kv.div_ceil(8))
         })
+    }
+
+    /// This run with dispatch `i` (of `grid`, `work` trips and `bindings`) after it.
+    fn then(&self, i: usize, grid: [u32; 3], work: u64, bindings: Bindings) -> Run {
+        let mut r = self.clone();
+        r.range.end = i + 1;
+        r.members.push(i);
+        r.grids.push(grid);
+        r.work += work;
+        r.bindings = r.bindings.add(bindings);
+        r
+    }
+
+    /// Whether it makes a chain within the device's limits: phases, bindings, and a
+    /// trip budget that leaves every wait its fewest reads and an optional first phase
+    /// at least [`KV_MIN`] positions.
+    fn fits(&self, ctx: &GpuContext) -> bool {
+        let phases = self.members.len() as u64;
+        self.members.len() <= MAX_PHASES
+            && self.bindings.fits(ctx)
+            && self.fixed() + phases * MIN_SPIN <= TRIP_BUDGET
+            && self.kv_max().is_none_or(|n| n >= KV_MIN)
     }
 
     /// Trips it may take before its waits: its work and the chain's own loops.
@@ -372,27 +395,19 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
         let work = items * (u64::from(c.trips) + TRIPS_PER_ITEM);
         // Binding 0, the step, is the chain's ([`STEP_DECL`]).
         let bindings = Bindings::of(&writable(&pipe.bindings()[1..]));
+        // A kernel that walks the cached positions only leads a run; a run grows while
+        // it fits the budget and the stage's bindings and its members share the step.
         let step_buf = step_of(d);
-        // A kernel that walks the cached positions only leads a run.
-        let extend = c.kv.is_none()
-            && cur.as_ref().is_some_and(|r| {
-                let mut next = Run {
-                    members: vec![0; r.members.len() + 1],
-                    work: r.work + work,
-                    ..r.clone()
-                };
-                next.bindings = r.bindings.add(bindings);
-                let phases = next.members.len() as u64;
-                r.members.len() < MAX_PHASES
-                    && next.fixed() + next.kv_work(KV_MIN) + phases * MIN_SPIN <= TRIP_BUDGET
-                    && next.bindings.fits(ctx)
-                    && step_of(&plan[r.members[0]]) == step_buf
-            });
-        if !extend {
-            close(&mut cur, &mut out);
+        let grown = cur
+            .as_ref()
+            .filter(|r| c.kv.is_none() && step_of(&plan[r.members[0]]) == step_buf)
+            .map(|r| r.then(i, grid, work, bindings))
+            .filter(|r| r.fits(ctx));
+        if grown.is_some() {
+            cur = grown;
+            continue;
         }
-        // Every extension leaves a run's optional first phase at least [`KV_MIN`]
-        // positions; one that cannot serve them alone does not lead.
+        close(&mut cur, &mut out);
         let lead = Run {
             range: i..i + 1,
             members: vec![i],
@@ -401,22 +416,7 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
             bindings: Bindings::CHAIN.add(bindings),
             kv: c.kv.map(|k| (items, k)),
         };
-        if lead.kv_max().is_some_and(|n| n < KV_MIN) {
-            continue;
-        }
-        let r = cur.get_or_insert_with(|| Run {
-            range: i..i,
-            members: Vec::new(),
-            grids: Vec::new(),
-            work: 0,
-            bindings: Bindings::CHAIN,
-            kv: c.kv.map(|k| (items, k)),
-        });
-        r.range.end = i + 1;
-        r.members.push(i);
-        r.grids.push(grid);
-        r.work += work;
-        r.bindings = r.bindings.add(bindings);
+        cur = Some(lead).filter(|r| r.fits(ctx));
     }
     close(&mut cur, &mut out);
     out
@@ -868,15 +868,9 @@ pub fn record_plan(
     let mut next = chains.chains.iter().peekable();
     let mut i = 0;
     while i < plan.len() {
-        if let Some(c) = next.next_if(|c| c.range.start == i) {
-            for d in &plan[c.lead_apart(step)] {
-                if d.copies_in(step) {
-                    drop(pass);
-                    d.record_copies(enc, step);
-                    pass = enc.begin_compute_pass(&desc).forget_lifetime();
-                }
-                d.record(&mut pass, step)?;
-            }
+        // A chain dispatches after what its range records apart (`Chain::lead_apart`),
+        // which the loop records as any other dispatch.
+        if let Some(c) = next.next_if(|c| c.lead_apart(step).end == i) {
             pass.set_pipeline(&pipelines[c.build]);
             pass.set_bind_group(0, &c.bind_group, &[]);
             pass.dispatch_workgroups(chains.workgroups, 1, 1);

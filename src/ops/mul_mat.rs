@@ -406,10 +406,13 @@ const KS_TILE_MIN: u32 = 5;
 /// six chunks per lane.
 fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
     match n_chunks.div_ceil(ctx.subgroup_min_size.max(1) as u64) {
-        s @ 1..=6 => s as u32,
+        s @ 1..=KS1_MAX_SLOTS => s as u32,
         _ => 0,
     }
 }
+
+/// Most chunks a lane of `mul_mat_ks1` holds (the `@slot` lines of mul_mat_ks1.wgsl).
+const KS1_MAX_SLOTS: u64 = 6;
 
 /// Rows a single token's subgroup of `mul_mat_ks1` dots at once, and the chunks each
 /// lane then holds (`GROUPS` and `SLOTS` in common/ks1_lanes.wgsl), for rows of
@@ -427,7 +430,7 @@ fn ks1_shape(ctx: &GpuContext, n_chunks: u64) -> (u32, u32) {
         let row_lanes = lanes / g;
         let fits = lanes % g == 0 && row_lanes >= 2;
         let slots = n_chunks.div_ceil(row_lanes.max(1) as u64);
-        (fits && (1..=6).contains(&slots)).then_some((g, slots as u32))
+        (fits && (1..=KS1_MAX_SLOTS).contains(&slots)).then_some((g, slots as u32))
     });
     // Busy slots per thousand, then the fewest rows.
     let busy = |(g, slots): (u32, u32)| n_chunks * 1000 / (slots as u64 * (lanes / g) as u64);

@@ -122,7 +122,7 @@ pub fn warm_jobs<'a>(ctx: &'a GpuContext, attn: &Attention, batch: u32) -> Vec<W
     let decode_tex = attn.decodes_from_textures(ctx);
     let heads = attn.decode_heads(decode_tex);
     jobs.push(Box::new(move || {
-        decode_pipe(ctx, decode_tex, heads, 1).map(drop)
+        decode_pipeline(ctx, decode_tex, heads, 1).map(drop)
     }));
     let splits = attn.decode_splits(decode_tex, heads);
     if splits > 1 {
@@ -175,13 +175,10 @@ const MAX_DECODE_HEADS: u32 = 4;
 
 /// `attn_decode`'s pipeline (`attn_decode_tex` with `tex`) for workgroups of `heads`
 /// query heads and keys in `splits`, or None where the device cannot run it: its
-/// workgroup must be one whole subgroup, and it binds six storage buffers.
-fn decode_pipeline(
-    ctx: &GpuContext,
-    tex: bool,
-    heads: u32,
-    splits: u32,
-) -> Result<Option<std::sync::Arc<wgpu::ComputePipeline>>> {
+/// workgroup must be one whole subgroup, and it binds six storage buffers. Where the
+/// context runs chains, the whole rows' build from textures is laid out for a chain to
+/// join ([`Attention::decode_chainable`]), compiled now all the same.
+fn decode_pipeline(ctx: &GpuContext, tex: bool, heads: u32, splits: u32) -> Result<Option<Pipe>> {
     let Some(sg) = ctx.fixed_subgroup().filter(|_| decode_available(ctx)) else {
         return Ok(None);
     };
@@ -195,37 +192,16 @@ fn decode_pipeline(
     } else {
         "attn_decode"
     };
-    ctx.pipelines
-        .get(&ctx.device, name, &consts, || {
-            crate::gpu::shaders::op_source(name)
-        })
-        .map(Some)
-}
-
-/// [`decode_pipeline`] as a dispatch takes it: where the context runs chains, the
-/// whole rows' build from textures is laid out for a chain to join
-/// ([`Attention::decode_chainable`]), compiled now all the same.
-fn decode_pipe(ctx: &GpuContext, tex: bool, heads: u32, splits: u32) -> Result<Option<Pipe>> {
+    let source = || crate::gpu::shaders::op_source(name);
     if !(ctx.chains() && tex && splits == 1) {
-        return Ok(decode_pipeline(ctx, tex, heads, splits)?.map(Pipe::Ready));
+        let pipe = ctx.pipelines.get(&ctx.device, name, &consts, source)?;
+        return Ok(Some(Pipe::Ready(pipe)));
     }
-    let Some(sg) = ctx.fixed_subgroup().filter(|_| decode_available(ctx)) else {
-        return Ok(None);
-    };
-    let consts = [("WG", sg as f64), ("HG", heads as f64), ("SPLITS", 1.0)];
-    let name = "attn_decode_tex";
     let d = ctx
         .pipelines
-        .deferred(&ctx.device, name, &consts, &DECODE_TEX_BINDINGS, || {
-            crate::gpu::shaders::op_source(name)
-        })?;
+        .deferred(&ctx.device, name, &consts, &DECODE_TEX_BINDINGS, source)?;
     d.get()?;
     Ok(Some(Pipe::Deferred(d)))
-}
-
-/// Lanes of `attn_decode`'s workgroups: the device's fixed subgroup size.
-fn sg_lanes(ctx: &GpuContext) -> u32 {
-    ctx.fixed_subgroup().unwrap_or(1)
 }
 
 /// `attn_decode_tex`'s bindings: the step, its parameters, q (a uniform), K's and V's
@@ -413,8 +389,8 @@ impl Attention {
     /// and each lane's value rows over a texel of eight positions for each head. It
     /// serves steps up to [`DECODE_MAX_KV`] positions, or with `splits`, below
     /// [`SPLIT_MIN_KV`].
-    fn decode_chainable(&self, lanes: u32, heads: u32, splits: bool) -> Chainable {
-        let wg = lanes.max(1);
+    fn decode_chainable(&self, ctx: &GpuContext, heads: u32, splits: bool) -> Chainable {
+        let wg = ctx.fixed_subgroup().unwrap_or(1).max(1);
         let d4 = self.head_dim / 4;
         let hg = heads;
         // One trip of the scores' loop: its four keys, the pairs of texels (each over
@@ -584,7 +560,7 @@ impl Attention {
             tex.filter(|_| self.decodes_from_textures(ctx) && super::mul_mat::reads_uniform(q));
         let heads = self.decode_heads(tex.is_some());
         let splits = self.decode_splits(tex.is_some(), heads);
-        let Some(whole) = decode_pipe(ctx, tex.is_some(), heads, 1)? else {
+        let Some(whole) = decode_pipeline(ctx, tex.is_some(), heads, 1)? else {
             return Ok(None);
         };
         let p = DecodeParams {
@@ -604,7 +580,7 @@ impl Attention {
         let mut builds = vec![(whole, 1)];
         if splits > 1 {
             let split = decode_pipeline(ctx, tex.is_some(), heads, splits)?;
-            builds.extend(split.map(|pipe| (Pipe::Ready(pipe), splits)));
+            builds.extend(split.map(|pipe| (pipe, splits)));
         }
         let has_splits = builds.len() > 1;
         let groups = self.n_head / heads;
@@ -638,7 +614,7 @@ impl Attention {
             let d = super::dispatch_bound(ctx, "attn_decode", pipe, step, &p, resources, grid)?;
             let d = d.with_copies(t.cache_copies(self, k_cache, v_cache));
             dispatches.push(match chainable {
-                true => d.chainable(self.decode_chainable(sg_lanes(ctx), heads, has_splits)),
+                true => d.chainable(self.decode_chainable(ctx, heads, has_splits)),
                 false => d,
             });
         }
