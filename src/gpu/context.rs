@@ -33,6 +33,12 @@ pub struct DeviceOptions {
     /// subgroup's lanes, even where rows on fewer lanes each would keep more of them
     /// busy (`ops::mul_mat::ks1_shape`; tests run both paths on one adapter).
     pub one_row_at_a_time: bool,
+    /// Aim for about this many workgroups per single-token `mul_mat_ks1` product on
+    /// CPU-hosted drivers, instead of the count that suits whether chains run
+    /// (`ops::mul_mat::ks1_rows`; the bench compares counts in one process).
+    pub ks1_groups: Option<u32>,
+    /// The most rows one such workgroup takes, instead of `ops::mul_mat::KS1_MAX_ROWS`.
+    pub ks1_max_rows: Option<u32>,
     /// Run this mul_mat variant (an `ops::mul_mat::Variant` name) for every weight
     /// type, whatever `WGLLM_MUL_MAT` and the tuning file say (tests run a GPU's
     /// kernels on any adapter).
@@ -199,6 +205,10 @@ pub struct GpuContext {
     pub workgroup_reductions: bool,
     /// [`DeviceOptions::one_row_at_a_time`].
     pub one_row_at_a_time: bool,
+    /// [`DeviceOptions::ks1_groups`].
+    pub ks1_groups: Option<u32>,
+    /// [`DeviceOptions::ks1_max_rows`].
+    pub ks1_max_rows: Option<u32>,
     /// [`DeviceOptions::mul_mat`].
     pub forced_mul_mat: Option<String>,
     /// Where top-k sampling's candidates are chosen ([`DeviceOptions::top_k_on_device`]).
@@ -500,6 +510,8 @@ impl GpuContext {
             has_timestamps,
             workgroup_reductions: opts.workgroup_reductions,
             one_row_at_a_time: opts.one_row_at_a_time,
+            ks1_groups: opts.ks1_groups,
+            ks1_max_rows: opts.ks1_max_rows,
             forced_mul_mat: opts.mul_mat.clone(),
             top_k_here,
             chains_here,

@@ -297,7 +297,7 @@ impl Run {
 
 /// Worker threads of llvmpipe: `LP_NUM_THREADS` if set (0 runs every workgroup on the
 /// submitting thread), else one per core.
-fn driver_threads() -> u32 {
+pub(crate) fn driver_threads() -> u32 {
     std::env::var("LP_NUM_THREADS")
         .ok()
         .and_then(|v| v.trim().parse::<u32>().ok())

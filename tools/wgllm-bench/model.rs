@@ -50,7 +50,7 @@ pub struct ModelArgs {
     /// A second engine beside the first with one GPU setting changed, their steps
     /// interleaved in this process: `mul-mat=VARIANT` (as `WGLLM_MUL_MAT`),
     /// `weights=buffer|texture`, `no-f16`, `no-subgroups`, `workgroup-reductions`,
-    /// `one-row-at-a-time` or `chains=on|off`.
+    /// `one-row-at-a-time`, `ks1-groups=N`, `ks1-max-rows=N` or `chains=on|off`.
     #[arg(long, value_name = "SETTING")]
     versus: Option<String>,
     #[arg(long)]
@@ -100,6 +100,8 @@ fn versus_options(setting: &str, opts: &DeviceOptions) -> Result<DeviceOptions> 
         ("no-subgroups", None) => o.disable_subgroups = true,
         ("workgroup-reductions", None) => o.workgroup_reductions = true,
         ("one-row-at-a-time", None) => o.one_row_at_a_time = true,
+        ("ks1-groups", Some(v)) => o.ks1_groups = Some(count(key, v)?),
+        ("ks1-max-rows", Some(v)) => o.ks1_max_rows = Some(count(key, v)?),
         ("chains", Some(v)) => {
             o.chains = Some(match v {
                 "on" => true,
@@ -114,12 +116,20 @@ fn versus_options(setting: &str, opts: &DeviceOptions) -> Result<DeviceOptions> 
         _ => {
             return Err(Error::invalid(format!(
                 "--versus {setting}: expected mul-mat=VARIANT, weights=buffer|texture, \
-                 no-f16, no-subgroups, workgroup-reductions, one-row-at-a-time or \
-                 chains=on|off"
+                 no-f16, no-subgroups, workgroup-reductions, one-row-at-a-time, \
+                 ks1-groups=N, ks1-max-rows=N or chains=on|off"
             )))
         }
     }
     Ok(o)
+}
+
+/// A `--versus` setting's count, above 0.
+fn count(key: &str, v: &str) -> Result<u32> {
+    v.parse()
+        .ok()
+        .filter(|&n: &u32| n > 0)
+        .ok_or_else(|| Error::invalid(format!("--versus {key}={v}: expected a count above 0")))
 }
 
 pub fn run(a: &ModelArgs) -> Result<()> {
