@@ -34,8 +34,8 @@ pub struct DeviceOptions {
     /// busy (`ops::mul_mat::ks1_shape`; tests run both paths on one adapter).
     pub one_row_at_a_time: bool,
     /// Aim for about this many workgroups per single-token `mul_mat_ks1` product on
-    /// CPU-hosted drivers, instead of the count that suits whether chains run
-    /// (`ops::mul_mat::ks1_rows`; the bench compares counts in one process).
+    /// CPU-hosted drivers, instead of one per driver thread (`ops::mul_mat::ks1_rows`;
+    /// the bench compares counts in one process).
     pub ks1_groups: Option<u32>,
     /// The most rows one such workgroup takes, instead of `ops::mul_mat::KS1_MAX_ROWS`.
     pub ks1_max_rows: Option<u32>,

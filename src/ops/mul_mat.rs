@@ -191,9 +191,6 @@ const ROW_WG: u32 = 64;
 /// Rows per workgroup of `Ks` (`ROWS` in mul_mat_ks.wgsl).
 const KS_ROWS: u32 = 64;
 
-/// Workgroups a single-token product of `mul_mat_ks1` aims for on CPU-hosted drivers
-/// where it runs as a dispatch of its own ([`ks1_groups`]).
-const KS1_GROUPS: u32 = 16;
 /// The most rows one such workgroup takes ([`ks1_rows`]): their trips (four a row,
 /// [`ks1_chainable`]) stay well within llvmpipe's 65535 a workgroup.
 const KS1_MAX_ROWS: u32 = 4096;
@@ -223,11 +220,11 @@ enum Ks1Walk {
 /// - a batch's tiles walk their tokens (a window of them, [`ks_tok_win`]) through
 ///   every workgroup, so batches run one workgroup per core across the rows: pp512
 ///   1.25x (SmolLM2) and 1.2x (Gemma 3) against 64 rows;
-/// - a single token's product is short (0.1-0.3 ms): [`ks1_groups`] workgroups of
-///   [`KS_ROWS`] to [`KS1_MAX_ROWS`] rows. Gemma 3's Q8_0 head 11% and its gate/up 9%
-///   faster at 512 rows than at 64, and 32 rows decoded SmolLM2 at 0.8x; with chains,
-///   Gemma 3 decoded 1.047x faster at 4096 rows than at 512 (1.03-1.04x at 1024, 2048
-///   and 8192).
+/// - a single token's product: [`ks1_groups`] workgroups of [`KS_ROWS`] to
+///   [`KS1_MAX_ROWS`] rows. Gemma 3's Q8_0 head 11% and its gate/up 9% faster at 512
+///   rows than at 64, and 32 rows decoded SmolLM2 at 0.8x; with chains, Gemma 3
+///   decoded 1.047x faster at 4096 rows than at 512 (1.03-1.04x at 1024, 2048 and
+///   8192).
 fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
     let step = 2 * ctx.subgroup_min_size.clamp(1, KS_ROWS / 2);
     if let Ks1Walk::Heads(head) = walk {
@@ -252,19 +249,16 @@ fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
 }
 
 /// Workgroups a single-token `mul_mat_ks1` product aims for on a CPU-hosted driver:
-/// [`KS1_GROUPS`] as dispatches of their own, where a thread that wakes late should
-/// still find work; one per driver thread where chains run, whose threads are awake
-/// and each claim the next item as they finish one. Measured in one process
-/// (`--versus ks1-groups=N`, docs/perf.md): SmolLM2 decoded 1.057x faster at two
-/// (the VM's threads) than at eight and 1.12x than at sixteen; three, unevenly
-/// shared, 0.97x.
+/// one per driver thread. Each workgroup first loads (and normalizes) its activations,
+/// and in a chain each item is claimed and counted done; the threads take the next
+/// item as they finish one. Measured in one process (`--versus ks1-groups=N`,
+/// docs/perf.md): with chains, SmolLM2 decoded 1.135x faster at two (the VM's threads)
+/// than at sixteen, the count before, 1.057x than at eight; three, unevenly shared,
+/// 0.966x. Without chains, two against sixteen: 1.011x and 1.017x (Gemma 3).
 fn ks1_groups(ctx: &GpuContext) -> u32 {
-    let chained = if ctx.chains() {
-        crate::ops::chain::driver_threads()
-    } else {
-        KS1_GROUPS
-    };
-    ctx.ks1_groups.unwrap_or(chained).max(1)
+    ctx.ks1_groups
+        .unwrap_or_else(crate::ops::chain::driver_threads)
+        .max(1)
 }
 
 /// What a single-token workgroup of `mul_mat_ks1` with `wg_rows` rows needs to join a
