@@ -215,6 +215,9 @@ pub struct GpuContext {
     top_k_here: bool,
     /// Whether decode steps run chains ([`GpuContext::chains`]).
     chains_here: bool,
+    /// Whether the driver's worker threads are pinned, one per core
+    /// ([`super::pin`]).
+    pins_threads: bool,
     /// Whether device memory is the host's, to be backed by huge pages
     /// ([`GpuContext::advise_huge_pages`]).
     huge_pages: bool,
@@ -494,7 +497,9 @@ impl GpuContext {
         let top_k_here = top_k_on_device(opts, &info)?;
         let chains_here = chains_here(opts, &info, has_subgroups)?;
         let huge_pages = super::huge_pages::wanted(info.device_type)?;
+        let pins_threads = super::pin::wanted(info.device_type)?;
         Ok(GpuContext {
+            pins_threads,
             unused_output,
             forced_weights,
             huge_pages,
@@ -596,6 +601,12 @@ impl GpuContext {
         if self.huge_pages {
             super::huge_pages::advise();
         }
+    }
+
+    /// Whether models on this device pin the driver's worker threads, one per core
+    /// ([`super::pin`]; `WGLLM_PIN_THREADS`).
+    pub fn pins_threads(&self) -> bool {
+        self.pins_threads
     }
 
     /// After [`Self::advise_huge_pages`]'s fills: memory touched from now on gets small

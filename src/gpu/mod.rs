@@ -4,6 +4,7 @@
 pub mod context;
 pub mod huge_pages;
 pub mod layout;
+pub mod pin;
 pub mod pipelines;
 pub mod profile;
 pub mod readback;

@@ -666,6 +666,25 @@ pub struct GpuModel {
     /// The body's runs of single-token products as chains, one dispatch each, where the
     /// device runs them ([`crate::ops::chain`]).
     pub(crate) chains: Option<crate::ops::chain::Chains>,
+    /// The threads' run times when the model was made, until its steps have shown
+    /// which are the driver's workers and they are pinned ([`crate::gpu::pin`]).
+    pub(crate) pin: Option<PinWatch>,
+    /// The worker threads pinned, and their cores.
+    pub(crate) pinned: Vec<(i32, usize)>,
+}
+
+/// Single-token steps over which a model looks for the driver's workers, the threads
+/// that ran most, and how many times it looks before it gives up.
+const PIN_STEPS: u32 = 4;
+const PIN_TRIES: u32 = 4;
+
+/// What a model keeps while it looks for the driver's workers ([`GpuModel::pin`]).
+#[derive(Default)]
+pub(crate) struct PinWatch {
+    /// The threads' run times when the current look began.
+    census: Option<crate::gpu::pin::Census>,
+    steps: u32,
+    tries: u32,
 }
 
 /// Options of [`GpuModel::load`].
@@ -884,6 +903,8 @@ impl GpuModel {
             host_times: crate::gpu::profile::HostTimes::from_env(),
             submit_every,
             chains: None,
+            pin: None,
+            pinned: Vec::new(),
         };
         m.body = m.record(|r, m| {
             if m.layers.start == 0 {
@@ -902,7 +923,44 @@ impl GpuModel {
         }
         let n_dispatch = m.body.len() + m.last.0.len();
         m.profiler = crate::gpu::profile::Profiler::from_env(&m.ctx, n_dispatch);
+        m.pin = m.ctx.pins_threads().then(PinWatch::default);
         Ok(m)
+    }
+
+    /// After a step of `n_tokens`: look for the driver's workers over [`PIN_STEPS`]
+    /// single-token steps, from one that ran the chains where the model has them (whose
+    /// kernels the driver has compiled by then), and pin them ([`crate::gpu::pin`]);
+    /// look again, at most [`PIN_TRIES`] times, where a look does not find them.
+    fn pin_workers(&mut self, n_tokens: u32) {
+        let chained = self.chains.as_ref().is_none_or(|c| c.steps() > 0);
+        let Some(w) = self.pin.as_mut() else {
+            return;
+        };
+        if n_tokens != 1 || !chained {
+            return;
+        }
+        // One worker, or none (`LP_NUM_THREADS=0`), has no other to share a core with.
+        let workers = crate::ops::chain::driver_threads() as usize;
+        let Some(census) = w.census.as_ref() else {
+            w.census = Some(crate::gpu::pin::Census::take());
+            return;
+        };
+        w.steps += 1;
+        if w.steps < PIN_STEPS {
+            return;
+        }
+        match census.pin_busiest(workers).filter(|_| workers >= 2) {
+            Some(pins) => {
+                self.pinned = pins;
+                self.pin = None;
+            }
+            None if w.tries + 1 >= PIN_TRIES || workers < 2 => self.pin = None,
+            None => {
+                w.tries += 1;
+                w.steps = 0;
+                w.census = Some(crate::gpu::pin::Census::take());
+            }
+        }
     }
 
     fn recorder(&self) -> Recorder<'_> {
@@ -1283,6 +1341,7 @@ impl GpuModel {
         if let Some(prof) = self.profiler.as_mut() {
             prof.collect(&self.ctx)?;
         }
+        self.pin_workers(n);
         // A loss during this step may leave garbage in a readback that still succeeded.
         self.ctx.check_lost()?;
         Ok(out)
@@ -1328,6 +1387,12 @@ impl GpuModel {
     /// Single-token steps run with chains so far ([`crate::ops::chain`]).
     pub fn chained_steps(&self) -> usize {
         self.chains.as_ref().map_or(0, |c| c.steps())
+    }
+
+    /// The driver's worker threads this model pinned, with their cores
+    /// ([`crate::gpu::pin`]): none before its first step, or where it pins none.
+    pub fn pinned_workers(&self) -> &[(i32, usize)] {
+        &self.pinned
     }
 
     /// Waits until the chains' pipelines, compiled beside the first steps, are ready, so
