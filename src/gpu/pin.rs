@@ -6,9 +6,9 @@
 //! its cache, so the idle core does not pull it over. A chain's workgroups then take
 //! turns on one core, spinning while the other works. `perf record -a` over a decode
 //! showed it as stretches with the cores 35-50% idle and both workers on both cores,
-//! against 15-20% idle with each worker staying on its own core; pinned, SmolLM2's
-//! decode steps ran 46-50 t/s with no slow repetitions against 35-48 (docs/perf.md,
-//! "Worker threads pinned").
+//! against 15-20% idle with each worker staying on its own core. Pinned, SmolLM2
+//! decoded 1.19x and Gemma 3 1.05x faster on average in alternated runs, with far
+//! fewer slow repetitions (docs/perf.md, "Worker threads pinned").
 //!
 //! The driver names no thread it would let us find, so [`Census::pin_busiest`] takes
 //! them as the threads that ran most over a few single-token steps, and pins them, one
