@@ -12,9 +12,10 @@
 //!
 //! The driver names no thread it would let us find, so [`Census::pin_busiest`] takes
 //! them as the threads that ran most over a few single-token steps, and pins them, one
-//! per allowed core in turn. Those steps come once the model runs its chains: before,
-//! the driver's own submitting thread compiles each kernel at its first dispatch and
-//! outruns the workers. Threads of ours are named and left alone.
+//! per allowed core in turn. Those steps come after the first single token: the
+//! driver's own submitting thread compiles each kernel at its first dispatch and then
+//! outruns the workers (a model looks again where that spoils a look). Threads of ours
+//! are named and left alone.
 //! `WGLLM_PIN_THREADS=off` turns this off (a machine shared with other work may want
 //! the scheduler free to move them); `on` asks for it on any device.
 

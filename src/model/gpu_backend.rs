@@ -928,19 +928,24 @@ impl GpuModel {
     }
 
     /// After a step of `n_tokens`: look for the driver's workers over [`PIN_STEPS`]
-    /// single-token steps, from one that ran the chains where the model has them (whose
-    /// kernels the driver has compiled by then), and pin them ([`crate::gpu::pin`]);
-    /// look again, at most [`PIN_TRIES`] times, where a look does not find them.
+    /// single-token steps, from the first single token on (the driver compiles each
+    /// kernel at its first dispatch, on its submitting thread, which then outruns the
+    /// workers), and pin them ([`crate::gpu::pin`]); look again, at most
+    /// [`PIN_TRIES`] times, where a look does not find them (the chains' first dispatch
+    /// compiles theirs).
     fn pin_workers(&mut self, n_tokens: u32) {
-        let chained = self.chains.as_ref().is_none_or(|c| c.steps() > 0);
         let Some(w) = self.pin.as_mut() else {
             return;
         };
-        if n_tokens != 1 || !chained {
+        if n_tokens != 1 {
             return;
         }
         // One worker, or none (`LP_NUM_THREADS=0`), has no other to share a core with.
         let workers = crate::ops::chain::driver_threads() as usize;
+        if workers < 2 {
+            self.pin = None;
+            return;
+        }
         let Some(census) = w.census.as_ref() else {
             w.census = Some(crate::gpu::pin::Census::take());
             return;
@@ -949,12 +954,12 @@ impl GpuModel {
         if w.steps < PIN_STEPS {
             return;
         }
-        match census.pin_busiest(workers).filter(|_| workers >= 2) {
+        match census.pin_busiest(workers) {
             Some(pins) => {
                 self.pinned = pins;
                 self.pin = None;
             }
-            None if w.tries + 1 >= PIN_TRIES || workers < 2 => self.pin = None,
+            None if w.tries + 1 >= PIN_TRIES => self.pin = None,
             None => {
                 w.tries += 1;
                 w.steps = 0;
