@@ -106,6 +106,13 @@ pub(crate) fn env_switch(name: &str, words: [&str; 2]) -> Result<Option<bool>> {
     parse_switch(name, std::env::var(name).ok().as_deref(), words)
 }
 
+/// An `on|off` setting in the environment variable `name`, by default on for
+/// CPU-hosted devices only (what runs on the host's own cores and memory).
+pub(crate) fn cpu_hosted_switch(name: &str, device_type: wgpu::DeviceType) -> Result<bool> {
+    let set = env_switch(name, ["on", "off"])?;
+    Ok(set.unwrap_or(device_type == wgpu::DeviceType::Cpu))
+}
+
 /// [`env_switch`] given the variable's value, if set.
 fn parse_switch(name: &str, value: Option<&str>, [on, off]: [&str; 2]) -> Result<Option<bool>> {
     match value {
@@ -277,6 +284,16 @@ fn adapter_group(g: Group) -> Vec<wgpu::Adapter> {
         Group::Primary => wgpu::Backends::PRIMARY,
         Group::Secondary => wgpu::Backends::SECONDARY,
     })
+}
+
+/// Worker threads of llvmpipe: `LP_NUM_THREADS` if set (0 runs every workgroup on the
+/// submitting thread), else one per core.
+pub fn driver_threads() -> u32 {
+    std::env::var("LP_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .unwrap_or_else(host_cores)
+        .max(1)
 }
 
 /// The host's cores: the threads a CPU-hosted driver (lavapipe) runs workgroups on, one
@@ -499,10 +516,10 @@ impl GpuContext {
         let huge_pages = super::huge_pages::wanted(info.device_type)?;
         let pins_threads = super::pin::wanted(info.device_type)?;
         Ok(GpuContext {
-            pins_threads,
             unused_output,
             forced_weights,
             huge_pages,
+            pins_threads,
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             adapter,

@@ -26,8 +26,7 @@ pub const ENV: &str = "WGLLM_HUGE_PAGES";
 /// Whether device memory should be backed by huge pages: as `WGLLM_HUGE_PAGES` says
 /// if set, else on CPU-hosted devices only (a GPU's memory is not the host's).
 pub fn wanted(device_type: wgpu::DeviceType) -> Result<bool> {
-    let set = super::context::env_switch(ENV, ["on", "off"])?;
-    Ok(set.unwrap_or(device_type == wgpu::DeviceType::Cpu))
+    super::context::cpu_hosted_switch(ENV, device_type)
 }
 
 /// Ask for huge pages in the process's large anonymous regions (device memory on a

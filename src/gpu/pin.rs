@@ -27,8 +27,7 @@ pub const ENV: &str = "WGLLM_PIN_THREADS";
 /// Whether to pin the driver's workers: as `WGLLM_PIN_THREADS` says if set, else on
 /// CPU-hosted devices only (a GPU's work runs on no thread of ours).
 pub fn wanted(device_type: wgpu::DeviceType) -> Result<bool> {
-    let set = super::context::env_switch(ENV, ["on", "off"])?;
-    Ok(set.unwrap_or(device_type == wgpu::DeviceType::Cpu))
+    super::context::cpu_hosted_switch(ENV, device_type)
 }
 
 /// Threads that ran at least this share of the busiest one's time since the census,
@@ -89,16 +88,16 @@ impl Census {
 
 /// One thread of the process: its id, whether someone named it, and its run time.
 #[derive(Clone, Debug)]
-pub struct Thread {
-    pub tid: i32,
-    pub named: bool,
-    pub ran_ns: u64,
+struct Thread {
+    tid: i32,
+    named: bool,
+    ran_ns: u64,
 }
 
 /// The `workers` threads among `now` (the calling thread left out beforehand) that
 /// are unnamed and ran most since `before`, if exactly that many ran at least
 /// [`WORKER_SHARE`] of the busiest one's time.
-pub fn busiest(
+fn busiest(
     before: &std::collections::HashMap<i32, u64>,
     now: &[Thread],
     workers: usize,

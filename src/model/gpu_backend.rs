@@ -666,8 +666,8 @@ pub struct GpuModel {
     /// The body's runs of single-token products as chains, one dispatch each, where the
     /// device runs them ([`crate::ops::chain`]).
     pub(crate) chains: Option<crate::ops::chain::Chains>,
-    /// The threads' run times when the model was made, until its steps have shown
-    /// which are the driver's workers and they are pinned ([`crate::gpu::pin`]).
+    /// Where the model still looks for the driver's workers to pin
+    /// ([`crate::gpu::pin`], [`GpuModel::pin_workers`]): until it pins them or gives up.
     pub(crate) pin: Option<PinWatch>,
     /// The worker threads pinned, and their cores.
     pub(crate) pinned: Vec<(i32, usize)>,
@@ -941,7 +941,7 @@ impl GpuModel {
             return;
         }
         // One worker, or none (`LP_NUM_THREADS=0`), has no other to share a core with.
-        let workers = crate::ops::chain::driver_threads() as usize;
+        let workers = crate::gpu::context::driver_threads() as usize;
         if workers < 2 {
             self.pin = None;
             return;

@@ -295,16 +295,6 @@ impl Run {
     }
 }
 
-/// Worker threads of llvmpipe: `LP_NUM_THREADS` if set (0 runs every workgroup on the
-/// submitting thread), else one per core.
-pub(crate) fn driver_threads() -> u32 {
-    std::env::var("LP_NUM_THREADS")
-        .ok()
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .unwrap_or_else(crate::gpu::context::host_cores)
-        .max(1)
-}
-
 /// How every kernel declares the step's values (common/step.wgsl) at its binding 0. A
 /// chain binds them once for all its members, at its binding 2: lavapipe allows a
 /// stage 15 uniforms, and Gemma 3's layers run seven products and norms of two or
@@ -530,7 +520,7 @@ impl Chains {
         }
         Ok(Some(Chains {
             chains,
-            workgroups: driver_threads(),
+            workgroups: crate::gpu::context::driver_threads(),
             builds: Arc::new(OnceLock::new()),
             pending: Mutex::new(Some((ctx.device.clone(), builds))),
             compiling: Mutex::new(None),

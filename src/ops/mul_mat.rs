@@ -257,7 +257,7 @@ fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
 /// 0.966x. Without chains, two against sixteen: 1.011x and 1.017x (Gemma 3).
 fn ks1_groups(ctx: &GpuContext) -> u32 {
     ctx.ks1_groups
-        .unwrap_or_else(crate::ops::chain::driver_threads)
+        .unwrap_or_else(crate::gpu::context::driver_threads)
         .max(1)
 }
 
