@@ -42,12 +42,12 @@ fn load_sized(model: &str, chains: bool, n_ctx: u32, n_batch: u32) -> (GpuModel,
 
 /// Greedy steps of both engines from `prompt`, `n` single tokens, a batch of three
 /// tokens, then `n` more; every step's logits compared bit for bit.
-fn same_logits(model: &str, n: usize) {
+fn same_logits(model: &str, n: usize, most_builds: usize) {
     let (mut on, tok) = load(model, true);
     let (mut off, _) = load(model, false);
     // A layer's attention, products and norms join one chain: at least three
     // dispatches spared per layer (SmolLM2's attention and four products, Gemma 3's
-    // attention, five products and two post-norms).
+    // attention, three products and two post-norms).
     let layers = on.cfg.n_layer as usize;
     assert!(
         on.chained_dispatches() >= 3 * (layers - 1),
@@ -55,6 +55,13 @@ fn same_logits(model: &str, n: usize) {
         on.chained_dispatches()
     );
     assert_eq!(off.chained_dispatches(), 0);
+    // Few pipelines to compile beside the first tokens, whatever the mix of weight
+    // types across the layers (Gemma 3's made six of the longest runs).
+    assert!(
+        (1..=most_builds).contains(&on.chain_builds()),
+        "{model}: {} chain pipelines",
+        on.chain_builds()
+    );
     // The chains' pipelines compile beside the first steps; from here on every
     // single-token step runs them.
     on.wait_for_chains().unwrap();
@@ -81,12 +88,12 @@ fn same_logits(model: &str, n: usize) {
 
 #[test]
 fn smollm2_chained_steps_give_the_same_logits() {
-    same_logits("SmolLM2-135M-Instruct.Q4_1.gguf", 12);
+    same_logits("SmolLM2-135M-Instruct.Q4_1.gguf", 12, 1);
 }
 
 #[test]
 fn gemma3_chained_steps_give_the_same_logits() {
-    same_logits("gemma-3-270m-q4_k_m.gguf", 6);
+    same_logits("gemma-3-270m-q4_k_m.gguf", 6, 3);
 }
 
 /// Both engines' logits after `tokens` at `pos`, compared bit for bit; the first's.

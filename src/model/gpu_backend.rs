@@ -1382,6 +1382,11 @@ impl GpuModel {
         self.chains.as_ref().map_or(0, |c| c.saved())
     }
 
+    /// Distinct pipelines the chains compile ([`crate::ops::chain::Chains::builds`]).
+    pub fn chain_builds(&self) -> usize {
+        self.chains.as_ref().map_or(0, |c| c.builds())
+    }
+
     /// The fewest and the most cached positions at which a chain runs the attention
     /// that leads it ([`crate::ops::chain::Chains::kv_limits`]); past them a step runs
     /// that attention apart.

@@ -9,9 +9,12 @@
 //! to the resources its dispatch binds, and shaders/common/chain.wgsl runs the kernels in
 //! turn, a phase each, with as many workgroups as the driver has threads. The chain's
 //! own bindings come first: its counters, its parameters, and the step's values, which
-//! every member reads and which it binds once for all ([`STEP_DECL`]). On both models a
-//! layer's attention, products and norms, up to the next layer's Q/K/V product, are one
-//! chain.
+//! every member reads and which it binds once for all ([`STEP_DECL`]). Each distinct
+//! chain is a pipeline to compile, so the runs are cut to need few of them ([`Shape`]):
+//! on SmolLM2 a layer's attention, products and norms, up to the next layer's Q/K/V
+//! product, are one chain, one pipeline for 29 layers (the last runs apart); on Gemma 3
+//! a layer's attention, products and norms, its Q/K/V products a second chain where
+//! they are two, three pipelines in all.
 //!
 //! Each member's module is changed on its way in ([`member_source`]):
 //! - its read-only storage buffers are declared writable: wgpu allows a buffer one kind of
@@ -149,6 +152,8 @@ pub struct Chains {
     compiling: Mutex<Option<JoinHandle<()>>>,
     /// Steps recorded with the chains so far.
     steps: std::sync::atomic::AtomicUsize,
+    /// Their distinct pipelines' count.
+    n_builds: usize,
 }
 
 /// What compiles one of a plan's chain pipelines, on the compiling thread.
@@ -253,12 +258,12 @@ impl Run {
         r
     }
 
-    /// Whether it makes a chain within the device's limits: phases, bindings, and a
-    /// trip budget that leaves every wait its fewest reads and an optional first phase
-    /// at least [`KV_MIN`] positions.
-    fn fits(&self, ctx: &GpuContext) -> bool {
+    /// Whether it makes a chain within the device's limits and `cap` phases: bindings,
+    /// and a trip budget that leaves every wait its fewest reads and an optional first
+    /// phase at least [`KV_MIN`] positions.
+    fn fits(&self, ctx: &GpuContext, cap: usize) -> bool {
         let phases = self.members.len() as u64;
-        self.members.len() <= MAX_PHASES
+        self.members.len() <= cap.min(MAX_PHASES)
             && self.bindings.fits(ctx)
             && self.fixed() + phases * MIN_SPIN <= TRIP_BUDGET
             && self.kv_max().is_none_or(|n| n >= KV_MIN)
@@ -360,8 +365,9 @@ fn member_source(d: &Deferred) -> Result<String> {
     Ok(src.replacen(STEP_DECL_INDEXED, "", 1))
 }
 
-/// The runs of `plan` that single-token steps could run as chains.
-fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
+/// The runs of `plan` that single-token steps could run as chains, each of at most
+/// `cap` members.
+fn runs(ctx: &GpuContext, plan: &[Dispatch], cap: usize) -> Vec<Run> {
     let step = probe_step();
     let mut out = Vec::new();
     let mut cur: Option<Run> = None;
@@ -392,7 +398,7 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
             .as_ref()
             .filter(|r| c.kv.is_none() && step_of(&plan[r.members[0]]) == step_buf)
             .map(|r| r.then(i, grid, work, bindings))
-            .filter(|r| r.fits(ctx));
+            .filter(|r| r.fits(ctx, cap));
         if grown.is_some() {
             cur = grown;
             continue;
@@ -406,10 +412,128 @@ fn runs(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
             bindings: Bindings::CHAIN.add(bindings),
             kv: c.kv.map(|k| (items, k)),
         };
-        cur = Some(lead).filter(|r| r.fits(ctx));
+        cur = Some(lead).filter(|r| r.fits(ctx, cap));
     }
     close(&mut cur, &mut out);
     out
+}
+
+/// What tells two runs' pipelines apart: their members' kernels and constants.
+fn build_key(members: &[&Arc<Deferred>]) -> String {
+    let key: Vec<String> = members
+        .iter()
+        .map(|d| format!("{}{:?}", d.label(), d.constants()))
+        .collect();
+    key.join("|")
+}
+
+/// The members of `run` that join a chain.
+fn run_members<'a>(plan: &'a [Dispatch], run: &Run) -> Vec<&'a Arc<Deferred>> {
+    run.members
+        .iter()
+        .filter_map(|&m| deferred(&plan[m]))
+        .collect()
+}
+
+/// A way to cut a plan into chains: its runs, once each cap on their length has cut
+/// them and the builds too few runs share are left out ([`Shape::of`]), the
+/// dispatches they spare a single token, and the WGSL their distinct builds compile.
+///
+/// Each distinct build is a pipeline to compile, and lavapipe takes 0.2-0.4 s of a
+/// core for one of Gemma 3's, about twice what its members take apart; meanwhile the
+/// first single tokens run without chains, on the cores the compiler shares
+/// (docs/perf.md). Gemma 3's mix of weight types made the longest runs six builds (2.1
+/// s) where runs of six members need three (0.7 s), and spare as many dispatches but
+/// for one a layer, which its steady state does not notice.
+struct Shape {
+    runs: Vec<Run>,
+    saved: usize,
+    source_bytes: usize,
+}
+
+/// A build shared by fewer than this share of the runs (as 1 / n) is left out: its
+/// runs are not worth its compilation (SmolLM2's last layer, one run of 30).
+const MIN_SHARE: usize = 4;
+
+/// For each of the runs whose builds are `keys`, whether at least 1 / [`MIN_SHARE`] of
+/// the runs share its build.
+fn widely_shared(keys: &[String]) -> Vec<bool> {
+    let mut share: HashMap<&str, usize> = HashMap::new();
+    for k in keys {
+        *share.entry(k.as_str()).or_default() += 1;
+    }
+    keys.iter()
+        .map(|k| share[k.as_str()] * MIN_SHARE >= keys.len())
+        .collect()
+}
+
+/// Of the caps, the one whose builds compile the least WGSL among those that spare at
+/// least this share of the most dispatches any cap spares.
+const SAVED_SHARE: (usize, usize) = (9, 10);
+
+impl Shape {
+    /// The runs of `plan` with at most `cap` members, less those whose builds fewer than
+    /// 1 / [`MIN_SHARE`] of them share; none where fewer than two are left.
+    fn of(ctx: &GpuContext, plan: &[Dispatch], cap: usize) -> Shape {
+        let all = runs(ctx, plan, cap);
+        let keys: Vec<String> = all
+            .iter()
+            .map(|r| build_key(&run_members(plan, r)))
+            .collect();
+        let shared = widely_shared(&keys);
+        let kept: Vec<(Run, String)> = all
+            .into_iter()
+            .zip(keys)
+            .zip(shared)
+            .filter_map(|(rk, keep)| keep.then_some(rk))
+            .collect();
+        if kept.len() < 2 {
+            return Shape {
+                runs: Vec::new(),
+                saved: 0,
+                source_bytes: 0,
+            };
+        }
+        let mut counted = std::collections::HashSet::new();
+        let mut source_bytes = 0;
+        for (r, k) in &kept {
+            if counted.insert(k.clone()) {
+                source_bytes += run_members(plan, r)
+                    .iter()
+                    .map(|d| d.source().len())
+                    .sum::<usize>();
+            }
+        }
+        Shape {
+            saved: kept.iter().map(|(r, _)| r.members.len() - 1).sum(),
+            runs: kept.into_iter().map(|(r, _)| r).collect(),
+            source_bytes,
+        }
+    }
+
+    /// The runs to build chains from: of every cap's shape, among those that spare at
+    /// least [`SAVED_SHARE`] of the most dispatches, the one with the least WGSL to
+    /// compile (the longer runs where two tie).
+    fn choose(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
+        let shapes: Vec<Shape> = (2..=MAX_PHASES)
+            .map(|cap| Shape::of(ctx, plan, cap))
+            .collect();
+        Shape::pick(shapes).runs
+    }
+
+    fn pick(shapes: Vec<Shape>) -> Shape {
+        let most = shapes.iter().map(|s| s.saved).max().unwrap_or(0);
+        let (num, den) = SAVED_SHARE;
+        shapes
+            .into_iter()
+            .filter(|s| s.saved > 0 && s.saved * den >= most * num)
+            .min_by_key(|s| (s.source_bytes, std::cmp::Reverse(s.saved)))
+            .unwrap_or(Shape {
+                runs: Vec::new(),
+                saved: 0,
+                source_bytes: 0,
+            })
+    }
 }
 
 impl Chains {
@@ -420,7 +544,7 @@ impl Chains {
         if !ctx.chains() {
             return Ok(None);
         }
-        let runs = runs(ctx, plan);
+        let runs = Shape::choose(ctx, plan);
         if runs.len() < 2 {
             return Ok(None);
         }
@@ -437,22 +561,15 @@ impl Chains {
         }
         let mut chains = Vec::with_capacity(runs.len());
         for (c, r) in runs.iter().enumerate() {
-            let members: Vec<&Arc<Deferred>> = r
-                .members
-                .iter()
-                .filter_map(|&m| deferred(&plan[m]))
-                .collect();
-            let key: Vec<String> = members
-                .iter()
-                .map(|d| format!("{}{:?}", d.label(), d.constants()))
-                .collect();
-            let (build, layout) = match made.get(&key.join("|")) {
+            let members = run_members(plan, r);
+            let key = build_key(&members);
+            let (build, layout) = match made.get(&key) {
                 Some(m) => m.clone(),
                 None => {
                     let b = build(ctx, &members)?;
                     let m = (builds.len(), b.layout.clone());
                     builds.push(b);
-                    made.insert(key.join("|"), m.clone());
+                    made.insert(key, m.clone());
                     m
                 }
             };
@@ -520,6 +637,7 @@ impl Chains {
         }
         Ok(Some(Chains {
             chains,
+            n_builds: builds.len(),
             workgroups: crate::gpu::context::driver_threads(),
             builds: Arc::new(OnceLock::new()),
             pending: Mutex::new(Some((ctx.device.clone(), builds))),
@@ -583,6 +701,11 @@ impl Chains {
                 "chains: compiling thread ended without a result",
             )),
         }
+    }
+
+    /// The chains' distinct pipelines, each compiled once ([`Shape`]).
+    pub fn builds(&self) -> usize {
+        self.n_builds
     }
 
     /// Dispatches the chains spare a single-token step (their members less one each).
@@ -901,6 +1024,45 @@ mod tests {
         );
         assert!(tight.spin(0) >= MIN_SPIN);
         assert_eq!(run(70_000, 2).spin(0), 0);
+    }
+
+    #[test]
+    fn builds_that_few_runs_share_are_left_out() {
+        let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        // SmolLM2: 29 layers alike and a last one apart.
+        let mut smollm2 = vec!["layer"; 29];
+        smollm2.push("last");
+        let kept = widely_shared(&keys(&smollm2));
+        assert!(kept[..29].iter().all(|&k| k));
+        assert!(!kept[29]);
+        // Exactly a quarter stays.
+        assert_eq!(widely_shared(&keys(&["a", "b", "b", "b"])), [true; 4]);
+        assert_eq!(
+            widely_shared(&keys(&["a", "b", "b", "b", "b"])),
+            [false, true, true, true, true]
+        );
+    }
+
+    #[test]
+    fn the_shape_compiling_least_among_those_sparing_nearly_the_most_is_chosen() {
+        let shape = |saved, source_bytes| Shape {
+            runs: Vec::new(),
+            saved,
+            source_bytes,
+        };
+        // Gemma 3's caps 5, 6 and 8: 8 spares fewer once its rare builds are left
+        // out; 5 compiles less but spares under nine tenths of 6's.
+        let picked = Shape::pick(vec![
+            shape(81, 267_697),
+            shape(99, 304_695),
+            shape(60, 304_695),
+        ]);
+        assert_eq!((picked.saved, picked.source_bytes), (99, 304_695));
+        // Within the share, less to compile wins; where that ties, more spared.
+        let picked = Shape::pick(vec![shape(100, 300), shape(91, 200), shape(95, 200)]);
+        assert_eq!((picked.saved, picked.source_bytes), (95, 200));
+        // Nothing spared: no chains.
+        assert_eq!(Shape::pick(vec![shape(0, 0), shape(0, 0)]).saved, 0);
     }
 
     #[test]
