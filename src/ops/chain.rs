@@ -13,8 +13,8 @@
 //! chain is a pipeline to compile, so the runs are cut to need few of them ([`Shape`]):
 //! on SmolLM2 a layer's attention, products and norms, up to the next layer's Q/K/V
 //! product, are one chain, one pipeline for 29 layers (the last runs apart); on Gemma 3
-//! a layer's attention, products and norms, its Q/K/V products a second chain where
-//! they are two, three pipelines in all.
+//! a layer's attention, products and norms, its Q/K/V products apart, two pipelines
+//! (its layers' two types of FFN down weights).
 //!
 //! Each member's module is changed on its way in ([`member_source`]):
 //! - its read-only storage buffers are declared writable: wgpu allows a buffer one kind of
@@ -443,27 +443,38 @@ fn run_members<'a>(plan: &'a [Dispatch], run: &Run) -> Vec<&'a Arc<Deferred>> {
 /// core for one of Gemma 3's, about twice what its members take apart; meanwhile the
 /// first single tokens run without chains, on the cores the compiler shares
 /// (docs/perf.md). Gemma 3's mix of weight types made the longest runs six builds (2.1
-/// s) where runs of six members need three (0.7 s), and spare as many dispatches but
-/// for one a layer, which its steady state does not notice.
+/// s) where runs of six members need two that repay (0.5 s), and spare 90 dispatches a
+/// token against 108.
 struct Shape {
     runs: Vec<Run>,
     saved: usize,
     source_bytes: usize,
 }
 
-/// A build shared by fewer than this share of the runs (as 1 / n) is left out: its
-/// runs are not worth its compilation (SmolLM2's last layer, one run of 30).
-const MIN_SHARE: usize = 4;
+/// WGSL a build may compile per dispatch it spares a single token, its members'
+/// sources counted: it must repay its compilation within a few hundred tokens. On
+/// lavapipe a chain takes about 2 us of a core per byte of its members' WGSL (twice
+/// what they take apart: 0.23 s for Gemma 3's layer of 115 KB) and a dispatch it spares
+/// saves about 30 us a token (Gemma 3's chains sparing 108 dispatches saved 4.7 ms a
+/// token), so 4 KiB a dispatch repays within about 270 tokens. It leaves out
+/// SmolLM2's last layer (3 dispatches, 110 KB) and Gemma 3's Q/K/V pairs (9 dispatches,
+/// 76 KB, 1% of a token).
+const SOURCE_PER_SPARED: usize = 4096;
 
-/// For each of the runs whose builds are `keys`, whether at least 1 / [`MIN_SHARE`] of
-/// the runs share its build.
-fn widely_shared(keys: &[String]) -> Vec<bool> {
-    let mut share: HashMap<&str, usize> = HashMap::new();
-    for k in keys {
-        *share.entry(k.as_str()).or_default() += 1;
+/// For each of the runs whose builds are `keys` and which spare `spared` dispatches
+/// each, whether its build repays its compilation ([`SOURCE_PER_SPARED`]): all the
+/// dispatches its runs spare against its members' `source` bytes.
+fn repaid(keys: &[String], spared: &[usize], source: &[usize]) -> Vec<bool> {
+    let mut by_build: HashMap<&str, (usize, usize)> = HashMap::new();
+    for ((k, &n), &bytes) in keys.iter().zip(spared).zip(source) {
+        let e = by_build.entry(k.as_str()).or_insert((0, bytes));
+        e.0 += n;
     }
     keys.iter()
-        .map(|k| share[k.as_str()] * MIN_SHARE >= keys.len())
+        .map(|k| {
+            let (n, bytes) = by_build[k.as_str()];
+            n * SOURCE_PER_SPARED >= bytes
+        })
         .collect()
 }
 
@@ -472,19 +483,25 @@ fn widely_shared(keys: &[String]) -> Vec<bool> {
 const SAVED_SHARE: (usize, usize) = (9, 10);
 
 impl Shape {
-    /// The runs of `plan` with at most `cap` members, less those whose builds fewer than
-    /// 1 / [`MIN_SHARE`] of them share; none where fewer than two are left.
+    /// The runs of `plan` with at most `cap` members, less those whose builds do not
+    /// repay their compilation ([`SOURCE_PER_SPARED`]); none where fewer than two are
+    /// left.
     fn of(ctx: &GpuContext, plan: &[Dispatch], cap: usize) -> Shape {
         let all = runs(ctx, plan, cap);
         let keys: Vec<String> = all
             .iter()
             .map(|r| build_key(&run_members(plan, r)))
             .collect();
-        let shared = widely_shared(&keys);
+        let spared: Vec<usize> = all.iter().map(|r| r.members.len() - 1).collect();
+        let source: Vec<usize> = all
+            .iter()
+            .map(|r| run_members(plan, r).iter().map(|d| d.source().len()).sum())
+            .collect();
+        let repays = repaid(&keys, &spared, &source);
         let kept: Vec<(Run, String)> = all
             .into_iter()
             .zip(keys)
-            .zip(shared)
+            .zip(repays)
             .filter_map(|(rk, keep)| keep.then_some(rk))
             .collect();
         if kept.len() < 2 {
@@ -1027,19 +1044,35 @@ mod tests {
     }
 
     #[test]
-    fn builds_that_few_runs_share_are_left_out() {
+    fn builds_that_spare_too_little_for_their_source_are_left_out() {
         let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
-        // SmolLM2: 29 layers alike and a last one apart.
+        // SmolLM2: 29 layers alike (4 dispatches each, 152 KB) and a last one apart (3,
+        // 110 KB).
         let mut smollm2 = vec!["layer"; 29];
         smollm2.push("last");
-        let kept = widely_shared(&keys(&smollm2));
+        let mut spared = vec![4; 29];
+        spared.push(3);
+        let mut source = vec![152_000; 29];
+        source.push(110_000);
+        let kept = repaid(&keys(&smollm2), &spared, &source);
         assert!(kept[..29].iter().all(|&k| k));
         assert!(!kept[29]);
-        // Exactly a quarter stays.
-        assert_eq!(widely_shared(&keys(&["a", "b", "b", "b"])), [true; 4]);
+        // Gemma 3: two layer builds of 9 runs (5 dispatches each, 115 KB) kept, the
+        // Q/K/V pairs (9 runs of 1, 76 KB) not.
+        let gemma = [vec!["q4"; 9], vec!["q6"; 9], vec!["qkv"; 9]].concat();
+        let spared = [vec![5; 18], vec![1; 9]].concat();
+        let source = [vec![115_000; 18], vec![76_000; 9]].concat();
+        let kept = repaid(&keys(&gemma), &spared, &source);
+        assert!(kept[..18].iter().all(|&k| k));
+        assert!(kept[18..].iter().all(|&k| !k));
+        // At the bound, kept.
         assert_eq!(
-            widely_shared(&keys(&["a", "b", "b", "b", "b"])),
-            [false, true, true, true, true]
+            repaid(&keys(&["a", "a"]), &[2, 2], &[4 * SOURCE_PER_SPARED; 2]),
+            [true, true]
+        );
+        assert_eq!(
+            repaid(&keys(&["a", "a"]), &[2, 2], &[4 * SOURCE_PER_SPARED + 1; 2]),
+            [false, false]
         );
     }
 
@@ -1050,8 +1083,9 @@ mod tests {
             saved,
             source_bytes,
         };
-        // Gemma 3's caps 5, 6 and 8: 8 spares fewer once its rare builds are left
-        // out; 5 compiles less but spares under nine tenths of 6's.
+        // Three caps as Gemma 3's: the longest spares fewer once the builds that do
+        // not repay are left out; the shortest compiles less but spares under nine
+        // tenths of the middle one's.
         let picked = Shape::pick(vec![
             shape(81, 267_697),
             shape(99, 304_695),
