@@ -70,9 +70,10 @@ pub const CHAINS_ENV: &str = "WGLLM_CHAINS";
 /// as `opts` or `WGLLM_CHAINS` say, else on llvmpipe's Vulkan driver (lavapipe) only.
 /// Chains are for CPU-hosted drivers, whose dispatches are handed to worker threads that
 /// sleep between them (lavapipe: 9-41 us a dispatch against 2-5 us a phase of one,
-/// `wgllm-bench sync`); there they decode SmolLM2 1.21x and Gemma 3 1.13x faster. Their
-/// pipelines compile beside the first single tokens (0.8-2.2 s of a core) and raise peak
-/// memory by 80-120 MiB (docs/perf.md, "A layer as one dispatch"). Their
+/// `wgllm-bench sync`); there they decode SmolLM2 1.3x and Gemma 3 1.11x faster. Their
+/// pipelines (one for SmolLM2, two for Gemma 3: `ops::chain::Shape`) compile beside the
+/// first single tokens, about 0.5 s of a core each model, and raise peak memory by
+/// 50-80 MiB (docs/perf.md, "Chains cut to need few pipelines"). Their
 /// budgets (loop trips, workgroups per thread) are llvmpipe's, and their members read
 /// the subgroup broadcast of a zero ([`crate::gpu::wgsl_link::index_uniforms`]). A GPU's
 /// dispatch costs little, and its workgroups have no promise of running beside each

@@ -664,9 +664,9 @@ impl Chains {
     }
 
     /// Starts compiling the chains' pipelines on a thread of their own, if not yet
-    /// started. Single-token steps start it: on lavapipe it takes 0.8 s (SmolLM2) to
-    /// 2.2 s (Gemma 3) of a core (docs/perf.md), which a prompt's batch, run first, would
-    /// share its cores with.
+    /// started. Single-token steps start it: on lavapipe it takes about 0.5 s of a core
+    /// for SmolLM2's pipeline or Gemma 3's two ([`Shape`], docs/perf.md), which a
+    /// prompt's batch, run first, would share its cores with.
     fn start(&self) -> Result<()> {
         let poisoned = || Error::gpu("chains: their compilation's state poisoned");
         let Some((device, builds)) = self.pending.lock().map_err(|_| poisoned())?.take() else {
