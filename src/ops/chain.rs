@@ -435,9 +435,10 @@ fn run_members<'a>(plan: &'a [Dispatch], run: &Run) -> Vec<&'a Arc<Deferred>> {
         .collect()
 }
 
-/// A way to cut a plan into chains: its runs, once each cap on their length has cut
-/// them and the builds too few runs share are left out ([`Shape::of`]), the
-/// dispatches they spare a single token, and the WGSL their distinct builds compile.
+/// A way to cut a plan into chains: its runs, once a cap on their length has cut them
+/// and the builds that do not repay their compilation are left out ([`Shape::of`]),
+/// the dispatches they spare a single token, and the WGSL their distinct builds
+/// compile.
 ///
 /// Each distinct build is a pipeline to compile, and lavapipe takes 0.2-0.4 s of a
 /// core for one of Gemma 3's, about twice what its members take apart; meanwhile the
@@ -488,43 +489,35 @@ impl Shape {
     /// left.
     fn of(ctx: &GpuContext, plan: &[Dispatch], cap: usize) -> Shape {
         let all = runs(ctx, plan, cap);
-        let keys: Vec<String> = all
-            .iter()
-            .map(|r| build_key(&run_members(plan, r)))
-            .collect();
+        let members: Vec<Vec<&Arc<Deferred>>> = all.iter().map(|r| run_members(plan, r)).collect();
+        let keys: Vec<String> = members.iter().map(|m| build_key(m)).collect();
         let spared: Vec<usize> = all.iter().map(|r| r.members.len() - 1).collect();
-        let source: Vec<usize> = all
+        let source: Vec<usize> = members
             .iter()
-            .map(|r| run_members(plan, r).iter().map(|d| d.source().len()).sum())
+            .map(|m| m.iter().map(|d| d.source().len()).sum())
             .collect();
         let repays = repaid(&keys, &spared, &source);
-        let kept: Vec<(Run, String)> = all
-            .into_iter()
-            .zip(keys)
-            .zip(repays)
-            .filter_map(|(rk, keep)| keep.then_some(rk))
-            .collect();
-        if kept.len() < 2 {
-            return Shape {
-                runs: Vec::new(),
-                saved: 0,
-                source_bytes: 0,
-            };
-        }
+        let mut shape = Shape::none();
         let mut counted = std::collections::HashSet::new();
-        let mut source_bytes = 0;
-        for (r, k) in &kept {
-            if counted.insert(k.clone()) {
-                source_bytes += run_members(plan, r)
-                    .iter()
-                    .map(|d| d.source().len())
-                    .sum::<usize>();
+        for (i, r) in all.into_iter().enumerate().filter(|&(i, _)| repays[i]) {
+            if counted.insert(keys[i].as_str()) {
+                shape.source_bytes += source[i];
             }
+            shape.saved += spared[i];
+            shape.runs.push(r);
         }
+        match shape.runs.len() {
+            0 | 1 => Shape::none(),
+            _ => shape,
+        }
+    }
+
+    /// No chains.
+    fn none() -> Shape {
         Shape {
-            saved: kept.iter().map(|(r, _)| r.members.len() - 1).sum(),
-            runs: kept.into_iter().map(|(r, _)| r).collect(),
-            source_bytes,
+            runs: Vec::new(),
+            saved: 0,
+            source_bytes: 0,
         }
     }
 
@@ -538,6 +531,7 @@ impl Shape {
         Shape::pick(shapes).runs
     }
 
+    /// [`Shape::choose`]'s pick among `shapes`.
     fn pick(shapes: Vec<Shape>) -> Shape {
         let most = shapes.iter().map(|s| s.saved).max().unwrap_or(0);
         let (num, den) = SAVED_SHARE;
@@ -545,11 +539,7 @@ impl Shape {
             .into_iter()
             .filter(|s| s.saved > 0 && s.saved * den >= most * num)
             .min_by_key(|s| (s.source_bytes, std::cmp::Reverse(s.saved)))
-            .unwrap_or(Shape {
-                runs: Vec::new(),
-                saved: 0,
-                source_bytes: 0,
-            })
+            .unwrap_or_else(Shape::none)
     }
 }
 
