@@ -168,3 +168,25 @@ fn smollm2_chains_past_the_attention_limit() {
 fn gemma3_chains_past_the_attention_limit() {
     same_logits_past_the_attention_limit("gemma-3-270m-q4_k_m.gguf");
 }
+
+/// A run too short to repay the chains' compilation (`wgllm run -n N` under
+/// `FEW_TOKENS`) leaves them off on lavapipe, where they are otherwise on by default;
+/// asked for, they run anyway.
+#[test]
+fn a_short_run_leaves_chains_off_unless_asked() {
+    let ctx = |chains, few_tokens| {
+        let opts = DeviceOptions {
+            chains,
+            few_tokens,
+            ..Default::default()
+        };
+        GpuContext::new(&opts).unwrap().chains()
+    };
+    // The default where WGLLM_CHAINS leaves it (on for lavapipe).
+    if std::env::var_os(wgllm::gpu::context::CHAINS_ENV).is_none() {
+        assert!(ctx(None, false), "chains are on by default on lavapipe");
+        assert!(!ctx(None, true), "a short run leaves them off");
+    }
+    assert!(ctx(Some(true), true), "asked for, a short run runs them");
+    assert!(!ctx(Some(false), false));
+}

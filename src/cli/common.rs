@@ -108,6 +108,8 @@ pub struct Opened {
     /// start, 35-45 ms on lavapipe, about what Gemma 3's vocabulary takes).
     gpu: Option<std::thread::JoinHandle<Result<Option<Arc<GpuContext>>>>>,
     t0: Instant,
+    /// Single tokens the command will decode, where it knows ([`device_choice`]).
+    tokens: Option<usize>,
 }
 
 /// Contexts sized from a request are rounded up to this many positions.
@@ -115,10 +117,16 @@ const CTX_STEP: usize = 256;
 
 impl Opened {
     pub fn new(args: &ModelArgs) -> Result<Opened> {
+        Opened::decoding(args, None)
+    }
+
+    /// As [`Opened::new`], for a command that will decode at most `tokens` single tokens
+    /// where it says.
+    pub fn decoding(args: &ModelArgs, tokens: Option<usize>) -> Result<Opened> {
         let t0 = Instant::now();
         // Only where the load would open one: not with --gpu-layers 0.
         let gpu = (args.gpu_layers != Some(0)).then(|| {
-            let (device, hardware) = device_choice(args);
+            let (device, hardware) = device_choice(args, tokens);
             std::thread::spawn(move || open_gpu(&device, hardware))
         });
         let file = open(&args.model)?;
@@ -130,6 +138,7 @@ impl Opened {
             tokenizer,
             gpu,
             t0,
+            tokens,
         })
     }
 
@@ -150,6 +159,7 @@ impl Opened {
             tokenizer,
             gpu,
             t0,
+            tokens,
         } = self;
         let default = config.n_ctx_train.min(4096);
         let n_ctx = match args.ctx {
@@ -173,7 +183,7 @@ impl Opened {
         if args.batch == 0 {
             return Err(Error::invalid("--batch-size must be at least 1"));
         }
-        let (device, auto) = device_choice(args);
+        let (device, auto) = device_choice(args, tokens);
         let gpu = match gpu {
             Some(h) => Gpu::Opened(
                 h.join()
@@ -212,10 +222,12 @@ impl Opened {
 }
 
 /// The adapter `args` name, and whether to prefer a hardware GPU: with no placement
-/// asked for, software adapters run only when named.
-fn device_choice(args: &ModelArgs) -> (DeviceOptions, bool) {
+/// asked for, software adapters run only when named. A run of `tokens` single tokens
+/// says whether it is too short for chains ([`wgllm::gpu::context::FEW_TOKENS`]).
+fn device_choice(args: &ModelArgs, tokens: Option<usize>) -> (DeviceOptions, bool) {
     let device = DeviceOptions {
         device: args.device.clone(),
+        few_tokens: tokens.is_some_and(|n| n < wgllm::gpu::context::FEW_TOKENS),
         ..Default::default()
     };
     (device, args.gpu_layers.is_none() && args.device.is_none())

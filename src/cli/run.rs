@@ -54,7 +54,8 @@ pub fn run(a: RunArgs) -> Result<()> {
         )));
     }
     let stop = interrupt_flag();
-    let opened = Opened::new(&a.model)?;
+    // A short run decodes too few tokens to repay the chains' compilation.
+    let opened = Opened::decoding(&a.model, usize::try_from(a.n_predict).ok())?;
     let tok = &opened.tokenizer;
     let mut prompt = tok.encode(&text, true, true)?;
     if prompt.is_empty() {

@@ -50,9 +50,21 @@ pub struct DeviceOptions {
     pub top_k_on_device: Option<bool>,
     /// Run runs of single-token kernels as chains, one dispatch each (`ops::chain`):
     /// `Some(true)` or `Some(false)`; `None`: as `WGLLM_CHAINS` says (`on` or `off`)
-    /// if set, else on lavapipe only ([`GpuContext::chains`]).
+    /// if set, else on lavapipe only ([`GpuContext::chains`]), and there not where
+    /// `few_tokens` says the run is short.
     pub chains: Option<bool>,
+    /// The caller will decode fewer than [`FEW_TOKENS`] single tokens (`wgllm run -n
+    /// N`): too few to repay the chains' compilation, so they stay off unless `chains`
+    /// or `WGLLM_CHAINS` turns them on.
+    pub few_tokens: bool,
 }
+
+/// Single tokens below which chains do not repay their compilation, which runs beside
+/// the first tokens. On lavapipe (`wgllm run -n N`, alternated, docs/perf.md) SmolLM2
+/// with chains reads 28.3 t/s against 33.7 without at N = 32 and 36.8 against 35.8 at
+/// 64; Gemma 3 20.7 against 24.4 at 32, 21.5 against 22.0 at 64, 21.9 against 22.0 at
+/// 96 and 25.4 against 24.2 at 128.
+pub const FEW_TOKENS: usize = 64;
 
 /// Environment variable holding every weight matrix in `buffer`s or `texture`s,
 /// whatever the tuning file says.
@@ -85,7 +97,7 @@ fn chains_here(opts: &DeviceOptions, info: &wgpu::AdapterInfo, subgroups: bool) 
         && subgroups;
     match opts.chains {
         Some(on) => Ok(on),
-        None => Ok(env_switch(CHAINS_ENV, ["on", "off"])?.unwrap_or(lavapipe)),
+        None => Ok(env_switch(CHAINS_ENV, ["on", "off"])?.unwrap_or(lavapipe && !opts.few_tokens)),
     }
 }
 
