@@ -447,7 +447,8 @@ fn run_members<'a>(plan: &'a [Dispatch], run: &Run) -> Vec<&'a Arc<Deferred>> {
 /// s) where runs of six members need two that repay (0.5 s), and spare 90 dispatches a
 /// token against 108.
 struct Shape {
-    runs: Vec<Run>,
+    /// The runs, each with its build's key ([`build_key`]).
+    runs: Vec<(Run, String)>,
     saved: usize,
     source_bytes: usize,
 }
@@ -504,7 +505,7 @@ impl Shape {
                 shape.source_bytes += source[i];
             }
             shape.saved += spared[i];
-            shape.runs.push(r);
+            shape.runs.push((r, keys[i].clone()));
         }
         match shape.runs.len() {
             0 | 1 => Shape::none(),
@@ -523,8 +524,8 @@ impl Shape {
 
     /// The runs to build chains from: of every cap's shape, among those that spare at
     /// least [`SAVED_SHARE`] of the most dispatches, the one with the least WGSL to
-    /// compile (the longer runs where two tie).
-    fn choose(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<Run> {
+    /// compile (the one sparing more where two tie); each run with its build's key.
+    fn choose(ctx: &GpuContext, plan: &[Dispatch]) -> Vec<(Run, String)> {
         let shapes: Vec<Shape> = (2..=MAX_PHASES)
             .map(|cap| Shape::of(ctx, plan, cap))
             .collect();
@@ -551,7 +552,7 @@ impl Chains {
         if !ctx.chains() {
             return Ok(None);
         }
-        let runs = Shape::choose(ctx, plan);
+        let (runs, keys): (Vec<Run>, Vec<String>) = Shape::choose(ctx, plan).into_iter().unzip();
         if runs.len() < 2 {
             return Ok(None);
         }
@@ -569,14 +570,13 @@ impl Chains {
         let mut chains = Vec::with_capacity(runs.len());
         for (c, r) in runs.iter().enumerate() {
             let members = run_members(plan, r);
-            let key = build_key(&members);
-            let (build, layout) = match made.get(&key) {
+            let (build, layout) = match made.get(&keys[c]) {
                 Some(m) => m.clone(),
                 None => {
                     let b = build(ctx, &members)?;
                     let m = (builds.len(), b.layout.clone());
                     builds.push(b);
-                    made.insert(key, m.clone());
+                    made.insert(keys[c].clone(), m.clone());
                     m
                 }
             };
