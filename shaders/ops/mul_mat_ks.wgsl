@@ -50,10 +50,11 @@ override RUNS: bool = true;
 // Tokens per tile (two vec4 accumulators per row).
 const TILE: u32 = 8u;
 // Whether this build runs tiles at all. Off, every token runs alone: the build for
-// steps of one to four tokens, whose tile loop would not run. llvmpipe takes 15-20 s
+// steps of one to four tokens, whose tile loop would not run. llvmpipe takes about 3 s
 // to JIT the tile loop's 128 accumulators (LLVM 15's coroutine pass on llvmpipe's
-// compute shaders), against 2-3 s for the rest, and it compiles a kernel on its first
-// dispatch: a build without tiles keeps that off short prompts and decoding.
+// compute shaders; 11 s while they were zeroed inside the loop), against 1-2 s for the
+// rest, and it compiles a kernel on its first dispatch: a build without tiles keeps
+// that off short prompts and decoding.
 override TILES: bool = true;
 
 // Lane l's share of the items begin .. end as (first, end, step), per RUNS.
@@ -90,9 +91,18 @@ fn main(
     // keeps the `t + TILE <= end` form; `t + 1 < n_out` made every tile 1.3x slower.
     let rem = select(0u, (n_out - t) % TILE, n_out > t);
     let tiles_end = select(n_out - rem, n_out - rem + TILE, rem >= 5u);
+    // The accumulators are declared outside the loops and cleared by a loop: declared
+    // inside one, a zeroed array is stored element by element there (each element a
+    // per-lane scatter on llvmpipe) on top of the function's own zeroing, and LLVM 15's
+    // coroutine pass, which checks every pair of an array's uses, took 11 s instead of
+    // 3 to compile the tile build (tests/shaders_naga.rs keeps large arrays so).
+    var acc: array<vec4<f32>, ROWS>;
+    var acc2: array<vec4<f32>, ROWS>;
     for (; TILES && t + TILE <= tiles_end; t += TILE) {
-        var acc = array<vec4<f32>, ROWS>();
-        var acc2 = array<vec4<f32>, ROWS>();
+        for (var i = 0u; i < nr; i++) {
+            acc[i] = vec4<f32>();
+            acc2[i] = vec4<f32>();
+        }
         for (var c = l; c < n_chunks; c += WG) {
             let x0 = x_chunk(first, t, c);
             let x1 = x_chunk(first, t + 1u, c);
@@ -123,8 +133,11 @@ fn main(
     let n_pairs = select(0u, n_chunks / 2u, PAIRED);
     let pairs = lane_walk(0u, n_pairs, l);
     let singles = lane_walk(2u * n_pairs, n_chunks, l);
+    var acc1: array<f32, ROWS>;
     for (; t < n_out; t++) {
-        var acc = array<f32, ROWS>();
+        for (var i = 0u; i < nr; i++) {
+            acc1[i] = 0.0;
+        }
         for (var c2 = pairs.x; c2 < pairs.y; c2 += pairs.z) {
             // One token: the decoders' own dot products, with scales outside the sum,
             // two chunks at a time (K-quants share words between neighbouring chunks),
@@ -136,7 +149,7 @@ fn main(
             let pa = x_pre(xa, 2u * c2);
             let pb = x_pre(xb, 2u * c2 + 1u);
             for (var i = 0u; i < nr; i++) {
-                acc[i] += wdot64_pre((r0 + i) * p.row_bytes, c2, pa, pb, sa, sb);
+                acc1[i] += wdot64_pre((r0 + i) * p.row_bytes, c2, pa, pb, sa, sb);
             }
         }
         // The chunks not walked in pairs (all of them unless PAIRED; an odd last one),
@@ -146,15 +159,15 @@ fn main(
             let xs = x_sum(x0);
             let xp = x_pre(x0, c);
             for (var i = 0u; i < nr; i++) {
-                acc[i] += wdot32_pre((r0 + i) * p.row_bytes, c, xp, xs);
+                acc1[i] += wdot32_pre((r0 + i) * p.row_bytes, c, xp, xs);
             }
         }
         // The row sums are spread over the lanes to store: lane l writes rows l, l + WG..
         for (var i = 0u; i < ROWS; i++) {
-            acc[i] = subgroupAdd(acc[i]);
+            acc1[i] = subgroupAdd(acc1[i]);
         }
         for (var i = l; i < nr; i += WG) {
-            store_out(t, out0 + i, acc[i]);
+            store_out(t, out0 + i, acc1[i]);
         }
     }
 }

@@ -522,8 +522,8 @@ enum Build {
     Whole,
     /// `Ks` or `KsU` without its tile loop (`TILES` off in mul_mat_ks.wgsl): every
     /// token alone, for steps of fewer than [`KS_TILE_MIN`] tokens. llvmpipe compiles a
-    /// kernel on its first dispatch, and the tile loop is most of that work (15-20 s
-    /// against 2-3 s, docs/perf.md): decoding and short prompts never pay it.
+    /// kernel on its first dispatch, and the tile loop is most of that work (about 3 s
+    /// against 1-2 s, docs/perf.md): decoding and short prompts never pay it.
     Untiled,
     /// `mul_mat_ks1` (`Ks` and `KsU` only).
     Ks1(Ks1),
