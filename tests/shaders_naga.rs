@@ -130,10 +130,10 @@ fn stores_in_loops(
 
 /// A local array's zero value is stored element by element, each element a per-lane
 /// scatter on lavapipe, and LLVM 15's coroutine pass (llvmpipe builds every compute
-/// shader as a coroutine) checks every pair of an alloca's uses: a 64-row accumulator
-/// array declared inside a loop (zeroed there, and again at the function's entry) made
-/// `mul_mat_ks`'s tile build take 11 s of compilation instead of 3 (docs/perf.md). So
-/// large locals live in the entry point, declared outside loops and cleared by a loop.
+/// shader as a coroutine) slows with those stores: a 64-row accumulator array declared
+/// inside a loop (zeroed there, and again at the function's entry) made `mul_mat_ks`'s
+/// tile build take 11 s of compilation instead of 3 (docs/perf.md). So large locals
+/// live in the entry point, declared outside loops and cleared by a loop.
 #[test]
 fn large_local_arrays_are_not_zeroed_inside_loops() {
     let shaders = wgllm::gpu::shaders::all()

@@ -94,8 +94,9 @@ fn main(
     // The accumulators are declared outside the loops and cleared by a loop: declared
     // inside one, a zeroed array is stored element by element there (each element a
     // per-lane scatter on llvmpipe) on top of the function's own zeroing, and LLVM 15's
-    // coroutine pass, which checks every pair of an array's uses, took 11 s instead of
-    // 3 to compile the tile build (tests/shaders_naga.rs keeps large arrays so).
+    // coroutine pass (llvmpipe's compute shaders are coroutines) took 11 s instead of 3
+    // to compile the tile build (docs/perf.md; tests/shaders_naga.rs keeps large arrays
+    // so).
     var acc: array<vec4<f32>, ROWS>;
     var acc2: array<vec4<f32>, ROWS>;
     for (; TILES && t + TILE <= tiles_end; t += TILE) {
