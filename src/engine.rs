@@ -1,7 +1,7 @@
 //! Choosing where a model runs: all layers on the GPU, all on the CPU, or split with
 //! `--gpu-layers N` as llama.cpp splits: the last N repeating layers on the GPU, the
-//! token embedding on the CPU, and the output layer on the GPU only when N exceeds the
-//! number of repeating layers. Each layer's KV cache lives where the layer runs, and
+//! token embedding on the CPU (on the GPU with the first layer), and the output layer
+//! on the GPU only when N exceeds the number of repeating layers. Each layer's KV cache lives where the layer runs, and
 //! the residual stream crosses the boundary once per direction per step.
 
 use std::sync::Arc;
@@ -136,8 +136,9 @@ pub fn load_engine(
         let m = GpuModel::load(ctx, &file, cfg.clone(), &gpu_opts(0..cfg.n_layer, true))?;
         return Ok(Box::new(m));
     }
-    // The GPU part starts after the CPU layers (at least the embedding runs on the CPU).
-    let first_gpu = first_gpu.max(1).min(cfg.n_layer);
+    // The GPU part starts after the CPU layers. With every layer on the GPU and the
+    // output layer on the CPU (N equal to the layer count) the GPU embeds the tokens
+    // too, and the CPU part is the output layer alone.
     let gpu = GpuModel::load(
         ctx,
         &file,
@@ -148,7 +149,8 @@ pub fn load_engine(
     Ok(Box::new(Hybrid { cpu, gpu, head_gpu }))
 }
 
-/// The first layers (and the embedding) on the CPU, the rest on the GPU.
+/// The first layers (and the embedding) on the CPU, the rest on the GPU; or every layer
+/// on the GPU and the output layer alone on the CPU.
 pub struct Hybrid {
     cpu: CpuModel,
     gpu: GpuModel,
@@ -187,6 +189,12 @@ impl Engine for Hybrid {
     fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(Error::invalid("a step needs at least one token"));
+        }
+        if self.gpu.layers.start == 0 {
+            let out = self
+                .gpu
+                .step_io(Input::Tokens(tokens), pos, Output::Hidden)?;
+            return self.cpu.head_from_hidden(&out, pos, mode);
         }
         let hidden = self.cpu.step_to_hidden(tokens, pos)?;
         if self.head_gpu {

@@ -280,6 +280,21 @@ fn gemma3_split() {
     check_model(GEMMA.0, GEMMA.1, Some(9), "Gemma 3 -ngl 9");
 }
 
+// Every layer on the GPU, which embeds the tokens too, and the output layer on the CPU.
+#[test]
+fn smollm2_layers_on_gpu_head_on_cpu() {
+    common::contexts();
+    let e = engine_on(&open(SMOL.0), Some(30), DeviceOptions::default());
+    let device = e.device();
+    assert!(device.starts_with("30/30 layers on GPU ["), "{device}");
+    check_model(SMOL.0, SMOL.1, Some(30), "SmolLM2 -ngl 30");
+}
+
+#[test]
+fn gemma3_layers_on_gpu_head_on_cpu() {
+    check_model(GEMMA.0, GEMMA.1, Some(18), "Gemma 3 -ngl 18");
+}
+
 /// `n` tokens `sampler` picks after `prompt`, and how many logits the session held
 /// after the last.
 fn sample_tokens(
