@@ -1,8 +1,9 @@
 //! Choosing where a model runs: all layers on the GPU, all on the CPU, or split with
-//! `--gpu-layers N` as llama.cpp splits: the last N repeating layers on the GPU, the
-//! token embedding on the CPU (on the GPU with the first layer), and the output layer
-//! on the GPU only when N exceeds the number of repeating layers. Each layer's KV cache lives where the layer runs, and
-//! the residual stream crosses the boundary once per direction per step.
+//! `--gpu-layers N` as llama.cpp splits: the last N repeating layers on the GPU (all of
+//! them when N is their number), the token embedding on the CPU, and the output layer
+//! on the GPU only when N exceeds the number of repeating layers. Each layer's KV cache
+//! lives where the layer runs, and the residual stream crosses the boundary once per
+//! direction per step.
 
 use std::sync::Arc;
 
@@ -124,6 +125,10 @@ pub fn load_engine(
         return Ok(Box::new(cpu(0..cfg.n_layer)?));
     };
     let gpu_opts = |layers: std::ops::Range<u32>, head: bool| LoadOptions {
+        // A GPU part without the first layer, or without the output layer, takes the
+        // residual stream from the CPU, which embeds the tokens from the file's map:
+        // the GPU then needs no copy of the embedding unless it runs a tied head.
+        hidden_in: !(layers.start == 0 && head),
         layers: Some(layers),
         head,
         n_ctx: opts.n_ctx,
@@ -137,8 +142,8 @@ pub fn load_engine(
         return Ok(Box::new(m));
     }
     // The GPU part starts after the CPU layers. With every layer on the GPU and the
-    // output layer on the CPU (N equal to the layer count) the GPU embeds the tokens
-    // too, and the CPU part is the output layer alone.
+    // output layer on the CPU (N equal to the layer count), the CPU part is the
+    // embedding and the output layer alone.
     let gpu = GpuModel::load(
         ctx,
         &file,
@@ -149,8 +154,8 @@ pub fn load_engine(
     Ok(Box::new(Hybrid { cpu, gpu, head_gpu }))
 }
 
-/// The first layers (and the embedding) on the CPU, the rest on the GPU; or every layer
-/// on the GPU and the output layer alone on the CPU.
+/// The embedding and the first layers (none when N is the layer count) on the CPU, the
+/// rest on the GPU, and the output layer on either.
 pub struct Hybrid {
     cpu: CpuModel,
     gpu: GpuModel,
@@ -189,12 +194,6 @@ impl Engine for Hybrid {
     fn step(&mut self, tokens: &[u32], pos: u32, mode: Logits) -> Result<Vec<f32>> {
         if tokens.is_empty() {
             return Err(Error::invalid("a step needs at least one token"));
-        }
-        if self.gpu.layers.start == 0 {
-            let out = self
-                .gpu
-                .step_io(Input::Tokens(tokens), pos, Output::Hidden)?;
-            return self.cpu.head_from_hidden(&out, pos, mode);
         }
         let hidden = self.cpu.step_to_hidden(tokens, pos)?;
         if self.head_gpu {

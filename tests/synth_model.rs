@@ -443,3 +443,56 @@ fn first_batch_kernels_compile_with_the_upload() {
     );
     std::fs::remove_file(&path).ok();
 }
+
+/// A GPU part keeps a copy of the token embedding only where it embeds tokens or runs
+/// a tied output layer; from layer 0 with the host embedding (`hidden_in`, the split of
+/// `--gpu-layers` equal to the layer count) it runs the same kernels on the host's
+/// embedding as a model that embeds.
+#[test]
+fn a_gpu_part_holds_the_embedding_only_where_it_uses_it() {
+    let ctx = Arc::new(GpuContext::new(&DeviceOptions::default()).expect("a GPU adapter"));
+    let spec = SynthSpec::new(LlamaShape::TINY, SynthQuant::Q8_0);
+    let path = write(&spec, "gpu-parts");
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let cfg = Config::from_metadata(file.metadata()).unwrap();
+    let n = cfg.n_layer;
+    let load = |layers: std::ops::Range<u32>, head: bool, hidden_in: bool| {
+        let lo = LoadOptions {
+            layers: Some(layers),
+            head,
+            hidden_in,
+            n_ctx: 64,
+            n_batch: 8,
+            ..Default::default()
+        };
+        GpuModel::load(ctx.clone(), &file, cfg.clone(), &lo).unwrap()
+    };
+    // The synthetic model's output matrix is its own (not tied).
+    let mut whole = load(0..n, true, false);
+    assert!(whole.holds_embedding());
+    assert!(!load(1..n, true, false).holds_embedding());
+    assert!(!load(0..n, false, true).holds_embedding());
+    let mut hidden_in = load(0..n, true, true);
+    assert!(!hidden_in.holds_embedding());
+
+    let ids = [300u32, 301, 302, 7, 500];
+    let mut cpu = CpuModel::load_layers(file.clone(), cfg.clone(), 0..0, 64, 8, 0).unwrap();
+    let embedded = cpu.step_to_hidden(&ids, 0).unwrap();
+    let want = whole.step(&ids, 0, Logits::Last).unwrap();
+    let got = hidden_in
+        .step_io(
+            Input::Hidden(&embedded),
+            0,
+            wgllm::model::gpu_backend::Output::Logits(Logits::Last),
+        )
+        .unwrap();
+    let err = want
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(err < 1e-3, "largest logit difference {err}");
+    // Token ids go to the model that embeds, hidden states to the one that does not.
+    assert!(hidden_in.step(&ids, 0, Logits::Last).is_err());
+    std::fs::remove_file(&path).ok();
+}

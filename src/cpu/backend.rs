@@ -672,7 +672,7 @@ impl CpuModel {
         o.work.qkey = None;
         o.work.plan_key = None;
         if !tokens.is_empty() {
-            graph::embed(&mut o, &self.cfg, &self.weights.token_embd, &self.scratch)?;
+            graph::embed(&mut o, &self.cfg, self.weights.embedding()?, &self.scratch)?;
         }
         for il in self.layers.clone() {
             let lw = self
@@ -706,11 +706,7 @@ impl CpuModel {
         };
         o.work.qkey = None;
         o.work.plan_key = None;
-        let output = self
-            .weights
-            .output
-            .as_ref()
-            .unwrap_or(&self.weights.token_embd);
+        let output = self.weights.output_projection()?;
         graph::head(
             &mut o,
             &self.cfg,
@@ -759,7 +755,7 @@ fn load_weights(
         None => None,
     };
     Ok(ModelWeights {
-        token_embd,
+        token_embd: Some(token_embd),
         layers: ls,
         output_norm,
         output,

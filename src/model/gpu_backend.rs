@@ -656,6 +656,9 @@ pub struct GpuModel {
     pub(crate) top_k: Option<TopKPlan>,
     pub(crate) readback: Readback,
     pub(crate) layers: std::ops::Range<u32>,
+    /// Whether this model embeds token ids itself (it starts at layer 0 and the host
+    /// does not embed for it).
+    embeds: bool,
     pub(crate) head: bool,
     /// Per-kernel timing (`WGLLM_PROFILE=1`).
     pub(crate) profiler: Option<crate::gpu::profile::Profiler>,
@@ -707,6 +710,10 @@ pub struct LoadOptions {
     /// runs compile while the weights upload, and those of other batch sizes when a
     /// step first runs them. `None`: those of a prompt of [`DEFAULT_FIRST_BATCH`].
     pub first_batch: Option<u32>,
+    /// Take the residual stream from the host even from layer 0 (the host embeds the
+    /// tokens), keeping no copy of the token embedding unless a tied output layer runs
+    /// here.
+    pub hidden_in: bool,
 }
 
 /// The first step [`LoadOptions::first_batch`] prepares for when it is not known: a
@@ -724,6 +731,7 @@ impl Default for LoadOptions {
             progress: false,
             capture_attention: false,
             first_batch: None,
+            hidden_in: false,
         }
     }
 }
@@ -793,12 +801,13 @@ impl GpuModel {
                 cfg.n_layer
             )));
         }
+        let embeds = layers.start == 0 && !opts.hidden_in;
         // The heavy pipelines compile on a second thread while the weights upload.
         let batch = opts.first_batch.unwrap_or(DEFAULT_FIRST_BATCH);
         let batch = batch.min(n_batch).min(n_ctx);
         let weights = std::thread::scope(|s| {
             s.spawn(|| super::gpu_warm::warm(&ctx, file, &cfg, (&layers, opts.head), batch));
-            upload_weights(&ctx, file, &cfg, &layers, opts.head, opts.progress)
+            upload_weights(&ctx, file, &cfg, &layers, embeds, opts.head, opts.progress)
         })?;
         // Huge pages for the weights, read whole every step, but not for the caches
         // and activations, mostly untouched at short contexts.
@@ -898,6 +907,7 @@ impl GpuModel {
             capture,
             readback,
             layers,
+            embeds,
             head: opts.head,
             profiler: None,
             host_times: crate::gpu::profile::HostTimes::from_env(),
@@ -907,8 +917,8 @@ impl GpuModel {
             pinned: Vec::new(),
         };
         m.body = m.record(|r, m| {
-            if m.layers.start == 0 {
-                graph::embed(r, &m.cfg, &m.weights.token_embd, &m.scratch)?;
+            if m.embeds {
+                graph::embed(r, &m.cfg, m.weights.embedding()?, &m.scratch)?;
             }
             for il in m.layers.clone() {
                 let lw = m.weights.layers.get(il as usize).and_then(|l| l.as_ref());
@@ -1003,11 +1013,7 @@ impl GpuModel {
         logits: &wgpu::Buffer,
         cols: Columns,
     ) -> Result<()> {
-        let output = self
-            .weights
-            .output
-            .as_ref()
-            .unwrap_or(&self.weights.token_embd);
+        let output = self.weights.output_projection()?;
         graph::head(
             r,
             &self.cfg,
@@ -1168,7 +1174,7 @@ impl GpuModel {
         let q = &self.ctx.queue;
         match input {
             Input::Tokens(tokens) => {
-                if self.layers.start != 0 {
+                if !self.embeds {
                     return Err(Error::invalid(
                         "this GPU model starts after the embedding: give it hidden states",
                     ));
@@ -1182,7 +1188,7 @@ impl GpuModel {
                 q.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens));
             }
             Input::Hidden(h) => {
-                if self.layers.start == 0 || h.len() != (n * self.cfg.n_embd) as usize {
+                if self.embeds || h.len() != (n * self.cfg.n_embd) as usize {
                     return Err(Error::invalid(
                         "hidden input: wrong size, or this model embeds tokens itself",
                     ));
@@ -1412,6 +1418,12 @@ impl GpuModel {
         self.chains.as_ref().map_or(Ok(()), |c| c.wait())
     }
 
+    /// Whether this model holds a copy of the token embedding: to embed tokens, or as
+    /// its tied output layer.
+    pub fn holds_embedding(&self) -> bool {
+        self.weights.token_embd.is_some()
+    }
+
     /// Number of kernel dispatches a generation step runs (of one token, at the start
     /// of the context): the recorded ones whose grid is not empty then (chains apart:
     /// [`Self::chained_dispatches`]).
@@ -1422,16 +1434,40 @@ impl GpuModel {
     }
 }
 
-/// Upload every weight straight from the file map, with a progress bar on stderr.
+/// The layer a tensor named `blk.N.*` belongs to.
+fn layer_of(name: &str) -> Option<u32> {
+    name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
+}
+
+/// Upload the weights of this part of the model (the layers of `range`, the output layer
+/// when `head`) straight from the file map, with a progress bar on stderr.
 fn upload_weights(
     ctx: &GpuContext,
     file: &GgufFile,
     cfg: &Config,
     range: &std::ops::Range<u32>,
+    embeds: bool,
     head: bool,
     progress: bool,
 ) -> Result<ModelWeights<GpuTensor>> {
-    let total: u64 = file.tensors().iter().map(|t| t.n_bytes).sum();
+    // The token embedding is needed to embed tokens or as a tied output layer; a part
+    // with neither keeps no copy (Gemma 3's is 178 MB).
+    let tied = file.tensor("output.weight").is_none();
+    let embeds = embeds || (head && tied);
+    let in_part = |name: &str| match layer_of(name) {
+        Some(il) => range.contains(&il),
+        None => match name {
+            "token_embd.weight" => embeds,
+            "output.weight" => head,
+            _ => true,
+        },
+    };
+    let total: u64 = file
+        .tensors()
+        .iter()
+        .filter(|t| in_part(&t.name))
+        .map(|t| t.n_bytes)
+        .sum();
     let bar = if progress {
         let b = indicatif::ProgressBar::new(total);
         b.set_style(
@@ -1474,7 +1510,7 @@ fn upload_weights(
     };
     let e = cfg.n_embd as u64;
     weights::expect_dims(file, "token_embd.weight", &[e, cfg.n_vocab as u64])?;
-    let token_embd = load("token_embd.weight")?;
+    let token_embd = embeds.then(|| load("token_embd.weight")).transpose()?;
     let mut layers = Vec::new();
     for il in 0..cfg.n_layer {
         layers.push(if range.contains(&il) {
@@ -1483,15 +1519,14 @@ fn upload_weights(
             None
         });
     }
-    let _ = head;
     weights::expect_dims(file, "output_norm.weight", &[e])?;
     let output_norm = load("output_norm.weight")?;
     let output = match file.tensor("output.weight") {
-        Some(_) => {
+        Some(_) if head => {
             weights::expect_dims(file, "output.weight", &[e, cfg.n_vocab as u64])?;
             Some(load("output.weight")?)
         }
-        None => None,
+        _ => None,
     };
     bar.finish_and_clear();
     // wgpu keeps the ring's buffers until their last copies have run.

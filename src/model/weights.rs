@@ -6,9 +6,12 @@ use crate::gguf::GgufFile;
 use crate::{Error, Result};
 
 /// All weights of a model on one backend. `output` is `None` when the model ties its
-/// output projection to the token embedding.
+/// output projection to the token embedding, or on a backend whose part of the model
+/// does not run the output layer. `token_embd` is `None` on a backend that neither
+/// embeds tokens nor runs a tied output layer (a GPU part after the first layer, or
+/// with the output layer on the CPU), which then keeps no copy of it.
 pub struct ModelWeights<W> {
-    pub token_embd: W,
+    pub token_embd: Option<W>,
     pub layers: Vec<Option<LayerWeights<W>>>,
     pub output_norm: W,
     pub output: Option<W>,
@@ -103,4 +106,21 @@ pub fn layer<W>(
             None
         },
     })
+}
+
+impl<W> ModelWeights<W> {
+    /// The token embedding, for a backend that embeds tokens.
+    pub fn embedding(&self) -> Result<&W> {
+        self.token_embd
+            .as_ref()
+            .ok_or_else(|| Error::model("this part of the model holds no token embedding"))
+    }
+
+    /// The output projection: `output`, or the token embedding it is tied to.
+    pub fn output_projection(&self) -> Result<&W> {
+        self.output
+            .as_ref()
+            .or(self.token_embd.as_ref())
+            .ok_or_else(|| Error::model("this part of the model holds no output layer"))
+    }
 }
