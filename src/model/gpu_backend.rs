@@ -806,7 +806,9 @@ impl GpuModel {
         let batch = opts.first_batch.unwrap_or(DEFAULT_FIRST_BATCH);
         let batch = batch.min(n_batch).min(n_ctx);
         let weights = std::thread::scope(|s| {
-            s.spawn(|| super::gpu_warm::warm(&ctx, file, &cfg, (&layers, opts.head), batch));
+            let part = (&layers, embeds, opts.head);
+            let (warm_ctx, warm_cfg) = (&ctx, &cfg);
+            s.spawn(move || super::gpu_warm::warm(warm_ctx, file, warm_cfg, part, batch));
             upload_weights(&ctx, file, &cfg, &layers, embeds, opts.head, opts.progress)
         })?;
         // Huge pages for the weights, read whole every step, but not for the caches
@@ -1453,11 +1455,11 @@ fn upload_weights(
     // The token embedding is needed to embed tokens or as a tied output layer; a part
     // with neither keeps no copy (Gemma 3's is 178 MB).
     let tied = file.tensor("output.weight").is_none();
-    let embeds = embeds || (head && tied);
+    let holds_embd = embeds || (head && tied);
     let in_part = |name: &str| match layer_of(name) {
         Some(il) => range.contains(&il),
         None => match name {
-            "token_embd.weight" => embeds,
+            "token_embd.weight" => holds_embd,
             "output.weight" => head,
             _ => true,
         },
@@ -1510,7 +1512,7 @@ fn upload_weights(
     };
     let e = cfg.n_embd as u64;
     weights::expect_dims(file, "token_embd.weight", &[e, cfg.n_vocab as u64])?;
-    let token_embd = embeds.then(|| load("token_embd.weight")).transpose()?;
+    let token_embd = holds_embd.then(|| load("token_embd.weight")).transpose()?;
     let mut layers = Vec::new();
     for il in 0..cfg.n_layer {
         layers.push(if range.contains(&il) {

@@ -174,13 +174,14 @@ impl Ops for Warm<'_> {
     }
 }
 
-/// Compile the pipelines a GPU model of `layers` (and the head, if `head`) will bind
-/// for single tokens and for a first step of `batch` tokens.
+/// Compile the pipelines a GPU model of `layers` (with the embedding if `embeds`, and
+/// the head if `head`) will bind for single tokens and for a first step of `batch`
+/// tokens.
 pub fn warm(
     ctx: &GpuContext,
     file: &GgufFile,
     cfg: &Config,
-    (layers, head): (&Range<u32>, bool),
+    (layers, embeds, head): (&Range<u32>, bool, bool),
     batch: u32,
 ) -> Result<()> {
     let mut shape = |name: &str| -> Result<Shape> {
@@ -216,7 +217,7 @@ pub fn warm(
         ropes: HashSet::new(),
         norm: None,
     };
-    if layers.start == 0 {
+    if embeds {
         graph::embed(&mut o, cfg, &shape("token_embd.weight")?, &scratch)?;
     }
     for il in layers.clone() {
