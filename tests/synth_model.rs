@@ -10,7 +10,7 @@ use wgllm::cpu::backend::CpuModel;
 use wgllm::gguf::synth::{LlamaShape, SynthQuant, SynthSpec};
 use wgllm::gguf::GgufFile;
 use wgllm::gpu::{DeviceOptions, GpuContext};
-use wgllm::model::gpu_backend::{GpuModel, Input, LoadOptions, Logits};
+use wgllm::model::gpu_backend::{GpuModel, Input, LoadOptions, Logits, Output};
 use wgllm::model::Config;
 use wgllm::quant::GgmlType;
 use wgllm::tokenizer::Tokenizer;
@@ -480,11 +480,7 @@ fn a_gpu_part_holds_the_embedding_only_where_it_uses_it() {
     let embedded = cpu.step_to_hidden(&ids, 0).unwrap();
     let want = whole.step(&ids, 0, Logits::Last).unwrap();
     let got = hidden_in
-        .step_io(
-            Input::Hidden(&embedded),
-            0,
-            wgllm::model::gpu_backend::Output::Logits(Logits::Last),
-        )
+        .step_io(Input::Hidden(&embedded), 0, Output::Logits(Logits::Last))
         .unwrap();
     let err = want
         .iter()

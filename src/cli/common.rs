@@ -108,8 +108,9 @@ pub struct Opened {
     /// start, 35-45 ms on lavapipe, about what Gemma 3's vocabulary takes).
     gpu: Option<std::thread::JoinHandle<Result<Option<Arc<GpuContext>>>>>,
     t0: Instant,
-    /// Single tokens the command will decode, where it knows ([`device_choice`]).
-    tokens: Option<usize>,
+    /// The adapter asked for, and whether to prefer a hardware GPU ([`device_choice`]):
+    /// what the GPU opens with, and the load after it.
+    device: (DeviceOptions, bool),
 }
 
 /// Contexts sized from a request are rounded up to this many positions.
@@ -124,9 +125,10 @@ impl Opened {
     /// where it says.
     pub fn decoding(args: &ModelArgs, tokens: Option<usize>) -> Result<Opened> {
         let t0 = Instant::now();
+        let device = device_choice(args, tokens);
         // Only where the load would open one: not with --gpu-layers 0.
         let gpu = (args.gpu_layers != Some(0)).then(|| {
-            let (device, hardware) = device_choice(args, tokens);
+            let (device, hardware) = device.clone();
             std::thread::spawn(move || open_gpu(&device, hardware))
         });
         let file = open(&args.model)?;
@@ -138,7 +140,7 @@ impl Opened {
             tokenizer,
             gpu,
             t0,
-            tokens,
+            device,
         })
     }
 
@@ -159,7 +161,7 @@ impl Opened {
             tokenizer,
             gpu,
             t0,
-            tokens,
+            device: (device, auto),
         } = self;
         let default = config.n_ctx_train.min(4096);
         let n_ctx = match args.ctx {
@@ -183,7 +185,6 @@ impl Opened {
         if args.batch == 0 {
             return Err(Error::invalid("--batch-size must be at least 1"));
         }
-        let (device, auto) = device_choice(args, tokens);
         let gpu = match gpu {
             Some(h) => Gpu::Opened(
                 h.join()

@@ -805,10 +805,9 @@ impl GpuModel {
         // The heavy pipelines compile on a second thread while the weights upload.
         let batch = opts.first_batch.unwrap_or(DEFAULT_FIRST_BATCH);
         let batch = batch.min(n_batch).min(n_ctx);
+        let part = (&layers, embeds, opts.head);
         let weights = std::thread::scope(|s| {
-            let part = (&layers, embeds, opts.head);
-            let (warm_ctx, warm_cfg) = (&ctx, &cfg);
-            s.spawn(move || super::gpu_warm::warm(warm_ctx, file, warm_cfg, part, batch));
+            s.spawn(|| super::gpu_warm::warm(&ctx, file, &cfg, part, batch));
             upload_weights(&ctx, file, &cfg, &layers, embeds, opts.head, opts.progress)
         })?;
         // Huge pages for the weights, read whole every step, but not for the caches
