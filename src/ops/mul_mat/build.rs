@@ -1,0 +1,274 @@
+//! One build of a kernel as a pipeline: which shader (`mul_mat_ks1n`, `mul_mat_ks1i`,
+//! the tiled `mul_mat_mm`, ...), its pipeline constants and the source regions kept, and
+//! the bindings the kernels share.
+
+use super::*;
+
+pub(super) fn pipeline(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    v: Variant,
+    memory: WeightMemory,
+    when: Compile,
+) -> Result<Pipe> {
+    kernel_pipeline(ctx, ty, v, memory, (Build::Whole, when))
+}
+
+/// When a kernel's pipeline is compiled: with the plan, or when a step first runs it
+/// (the builds that only batches run: a model's start need not wait for them, and a
+/// prompt's first step compiles only those of its own size, `warm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Compile {
+    Now,
+    OnFirstUse,
+}
+
+pub(super) const NOW: Compile = Compile::Now;
+
+/// The builds of [`kernels`] that no single token runs.
+pub(super) const LATER: Compile = Compile::OnFirstUse;
+
+/// Which build of a variant's kernel.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Build {
+    /// The variant's kernel, for any batch.
+    Whole,
+    /// `Ks` or `KsU` without its tile loop (`TILES` off in mul_mat_ks.wgsl): every
+    /// token alone, for steps of fewer than [`KS_TILE_MIN`] tokens. llvmpipe compiles a
+    /// kernel on its first dispatch, and the tile loop is most of that work (about 3 s
+    /// against 1-2 s, docs/perf.md): decoding and short prompts never pay it.
+    Untiled,
+    /// `mul_mat_ks1` (`Ks` and `KsU` only).
+    Ks1(Ks1),
+    /// `mul_mat_mm`, the tiled product `Mr`, `Wg` and `Sg` run batches of [`MM_MIN`]
+    /// tokens or more on ([`mm_fits`]).
+    Mm,
+    /// `Mr` with `tile` tokens per pass and `lanes` invocations per workgroup
+    /// ([`mr_lanes`]). Single tokens run a tile of one: without the tile's other sums
+    /// and activations, fewer registers (on an H200, a gate/up product of 2x14336 rows
+    /// went from 79 to 54 us, docs/perf.md).
+    Mr { tile: u32, lanes: (u32, bool) },
+}
+
+/// How a `mul_mat_ks1` kernel is built.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Ks1 {
+    /// Chunks per lane ([`ks1_slots`]; [`ks1_shape`] for single tokens).
+    pub(super) slots: u32,
+    /// Rows a single token's subgroup dots at once (`GROUPS`, [`ks1_shape`]); 1 in the
+    /// batch builds.
+    pub(super) groups: u32,
+    /// Whether it folds in the norm before the product (`mul_mat_ks1n`, `Ks` only).
+    pub(super) normed: bool,
+    /// Tokens per tile: 1, one token at a time; 4, batches in tiles of four (`TILE`,
+    /// or `mul_mat_ks1i` for the types of [`ks1_int`]); 8, `mul_mat_ks1i` in tiles of
+    /// eight ([`ks1i_eight`]).
+    pub(super) tile: u32,
+    /// The single-token build that ends with RoPE and the cache append
+    /// (`mul_mat_ks1nr`, [`gpu_qkv_rope`]).
+    pub(super) rope: Option<RopeBuild>,
+}
+
+/// How `mul_mat_ks1nr` is built.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct RopeBuild {
+    /// Whether each head is normalised first (`HEAD_NORMS`).
+    pub(super) head_norms: bool,
+    /// Whether it writes the layer's kept cache textures too (region `tex`).
+    pub(super) tex: bool,
+}
+
+/// The pipeline of variant `v` in `build`, compiled `when`.
+pub(super) fn kernel_pipeline(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    v: Variant,
+    memory: WeightMemory,
+    (build, when): (Build, Compile),
+) -> Result<Pipe> {
+    let ks1 = match build {
+        Build::Ks1(k) => Some(k),
+        _ => None,
+    };
+    // Devices with few storage bindings get kernels with the one output.
+    let fused = ctx.fused_outputs();
+    let form = Form::new(!fused, memory);
+    let normed = ks1.is_some_and(|k| k.normed);
+    let int = ks1.is_some_and(|k| k.tile > 1 && v == Variant::Ks && ks1_int(ty));
+    let rope = ks1.and_then(|k| k.rope);
+    let shader = match (ks1, v) {
+        (None, _) if matches!(build, Build::Mm) => "mul_mat_mm",
+        (Some(k), Variant::Ks) if rope.is_some() && k.normed && k.tile == 1 => "mul_mat_ks1nr",
+        (Some(k), Variant::KsU) if rope.is_some() && k.normed && k.tile == 1 => "mul_mat_ks1unr",
+        (None, v) => v.shader(),
+        (Some(k), Variant::Ks) if int && k.normed => "mul_mat_ks1in",
+        (Some(_), Variant::Ks) if int => "mul_mat_ks1i",
+        (Some(k), Variant::Ks) if k.normed => "mul_mat_ks1n",
+        (Some(_), Variant::Ks) => "mul_mat_ks1",
+        (Some(k), Variant::KsU) if !k.normed => "mul_mat_ks1u",
+        (Some(_), Variant::KsU) => "mul_mat_ks1un",
+        (Some(_), v) => {
+            return Err(Error::gpu(format!(
+                "mul_mat variant {} has no mul_mat_ks1 kernel",
+                v.name()
+            )))
+        }
+    };
+    if rope.is_some() && !crate::gpu::shaders::is_rope_build(shader) {
+        return Err(Error::gpu(format!(
+            "{shader}: RoPE at the end of a product is a normed single-token build of ks or ksu only"
+        )));
+    }
+    // The RoPE build that writes the layer's kept KV cache textures.
+    let tex = match rope {
+        Some(r) if r.tex => "_kvtex",
+        _ => "",
+    };
+    let label = format!("{shader}_{ty}{}{tex}", form.suffix());
+    // Whether a product replaces its output or is added to it is a parameter
+    // (`Params::acc`), not a constant: one pipeline serves both.
+    let consts: Vec<(&str, f64)> = match (v, ks1) {
+        (Variant::Ks | Variant::KsU, Some(k)) => {
+            let mut c = vec![
+                ("WG", ctx.subgroup_min_size as f64),
+                ("RUNS", ks_runs(ty) as u8 as f64),
+                ("SLOTS", k.slots as f64),
+                ("GROUPS", k.groups as f64),
+            ];
+            // `mul_mat_ks1i` is a tile build only.
+            if !int {
+                c.push(("TILE", (k.tile > 1) as u8 as f64));
+            } else {
+                c.push(("TILE", k.tile as f64));
+            }
+            if let Some(r) = rope {
+                c.push(("HEAD_NORMS", r.head_norms as u8 as f64));
+            }
+            c
+        }
+        _ if matches!(build, Build::Mm) => Vec::new(),
+        (Variant::Row, _) => vec![("WG", WG as f64)],
+        (Variant::Win | Variant::WinU, _) => {
+            vec![("WG", WG as f64), ("NV", Window::of(ty)?.nv as f64)]
+        }
+        (Variant::Wg | Variant::Sg, _) => vec![("WG", ROW_WG as f64)],
+        (Variant::Mr, _) => {
+            let (tile, (wg, whole)) = match build {
+                Build::Mr { tile, lanes } => (tile, lanes),
+                _ => (MR_TILE, mr_shape(ctx)),
+            };
+            vec![
+                ("WG", wg as f64),
+                ("SG_WHOLE", whole as u8 as f64),
+                ("TILE", tile as f64),
+            ]
+        }
+        (Variant::Ks | Variant::KsU, None) => {
+            vec![
+                ("WG", ctx.subgroup_min_size as f64),
+                ("PAIRED", ks_paired(ty) as u8 as f64),
+                ("RUNS", ks_runs(ty) as u8 as f64),
+                ("TILES", matches!(build, Build::Whole) as u8 as f64),
+            ]
+        }
+    };
+    let mut layout = mul_mat_layout(matches!(v, Variant::KsU | Variant::WinU), memory).to_vec();
+    if !fused {
+        layout.truncate(6);
+    }
+    if normed {
+        // The norm's weight (common/x_norm.wgsl).
+        layout.push(Binding::Uniform);
+    }
+    if let Some(r) = rope {
+        layout.extend(rope_layout(r.tex));
+    }
+    let source = || {
+        let src = crate::gpu::shaders::quant_source_as(shader, ty, form)?;
+        Ok(match ks1 {
+            Some(k) => {
+                let src = crate::gpu::shaders::keep_regions(&src, "rope", rope.is_some());
+                let src =
+                    crate::gpu::shaders::keep_regions(&src, "tex", rope.is_some_and(|r| r.tex));
+                let src = crate::gpu::shaders::keep_slots(&src, k.slots);
+                let src = crate::gpu::shaders::keep_regions(&src, "tile4", k.tile != 8);
+                crate::gpu::shaders::keep_regions(&src, "tile8", k.tile == 8)
+            }
+            None => src,
+        })
+    };
+    // Deferred either way: a chain (`ops::chain`) joins the kernel's source and layout.
+    let d = ctx
+        .pipelines
+        .deferred(&ctx.device, &label, &consts, &layout, source)?;
+    if when == Compile::Now {
+        d.get()?;
+    }
+    Ok(Pipe::Deferred(d))
+}
+
+/// Bindings 9.. of `mul_mat_ks1nr`: the RoPE's parameters, the K and V caches, the
+/// heads' norms' weights, and with `tex` the kept K and V textures.
+pub(super) fn rope_layout(tex: bool) -> Vec<Binding> {
+    let mut b = vec![
+        Binding::Uniform,
+        Binding::ReadWrite,
+        Binding::ReadWrite,
+        Binding::Uniform,
+        Binding::Uniform,
+    ];
+    if tex {
+        b.extend([Binding::TextureWrite, Binding::TextureWrite]);
+    }
+    b
+}
+
+/// Bindings 2.. of a kernel that reads weights through common/w_storage.wgsl or
+/// w_texture.wgsl: the weights, the activations (or ids), the output and the weights
+/// again (seen as vec4s in storage; the same texture). The windowed variants read only
+/// the vec4 view, at the first of the two.
+pub(crate) fn weight_bindings<'a>(
+    w: &'a Part,
+    x: &'a wgpu::Buffer,
+    y: &'a wgpu::Buffer,
+) -> Vec<wgpu::BindingResource<'a>> {
+    vec![
+        w.binding(),
+        x.as_entire_binding(),
+        y.as_entire_binding(),
+        w.binding(),
+    ]
+}
+
+/// Group 0 of a kernel that reads weights through common/w_storage.wgsl: step,
+/// parameters, weights as u32s, activations (a uniform copy for `x_uniform`), output,
+/// weights as vec4s; or the weights' texture at both (w_texture.wgsl). Laid out
+/// explicitly because a decoder may use either view of the weights alone.
+pub(crate) fn weight_layout(x_uniform: bool, memory: WeightMemory) -> [Binding; 6] {
+    let x = if x_uniform {
+        Binding::Uniform
+    } else {
+        Binding::Read
+    };
+    let w = match memory {
+        WeightMemory::Buffer => Binding::Read,
+        WeightMemory::Texture => Binding::Texture,
+    };
+    [
+        Binding::Uniform,
+        Binding::Uniform,
+        w,
+        x,
+        Binding::ReadWrite,
+        w,
+    ]
+}
+
+/// Group 0 of every mul_mat variant: [`weight_layout`] and the second and third
+/// outputs of fused products. The windowed variants read only the vec4 view of the
+/// weights (at binding 2, where the others have the u32 view); the same buffer is bound
+/// at both.
+pub(super) fn mul_mat_layout(x_uniform: bool, memory: WeightMemory) -> [Binding; 8] {
+    let [a, b, c, d, e, f] = weight_layout(x_uniform, memory);
+    [a, b, c, d, e, f, Binding::ReadWrite, Binding::ReadWrite]
+}

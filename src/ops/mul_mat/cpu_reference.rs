@@ -1,0 +1,102 @@
+//! The CPU references the kernels are tested against: the float product, and the one
+//! of `mul_mat_ks1i`, whose batches quantize their activations to 8 bits.
+
+use super::*;
+
+/// Whether steps of more than one token of a product of `w` over `cols`, run as
+/// variant `v`, quantize their activations to 8 bits (`mul_mat_ks1i`, [`ks1_int`]):
+/// their reference is then [`reference_q8`].
+pub fn quantizes_batches(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Columns) -> bool {
+    let (ty, n_cols) = (w.ty, w.n_cols());
+    let Ok(v) = resolve(ctx, v, ty, n_cols, w.memory) else {
+        return false;
+    };
+    let v = for_product(ctx, v, (w.n_rows(), n_cols), cols);
+    cols == Columns::All && v == Variant::Ks && ks1_fits(ctx, v, ty, n_cols) && ks1_int(ty)
+}
+
+/// [`quantizes_batches`] for the variant [`gpu`] runs.
+pub fn gpu_quantizes_batches(ctx: &GpuContext, w: &GpuTensor, cols: Columns) -> Result<bool> {
+    Ok(quantizes_batches(ctx, variant(ctx, w.ty)?, w, cols))
+}
+
+/// CPU reference: y[t * n_rows + r] = dequant(W row r) . x[t * n_cols ..].
+pub fn reference(
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    let row_bytes = ty
+        .row_bytes(n_cols as u64)
+        .ok_or_else(|| Error::invalid("row is not whole blocks"))? as usize;
+    let mut row = vec![0f32; n_cols];
+    for r in 0..n_rows {
+        crate::quant::dequantize(ty, &w[r * row_bytes..(r + 1) * row_bytes], &mut row)?;
+        for t in 0..n_tokens {
+            let xs = &x[t * n_cols..(t + 1) * n_cols];
+            let s: f64 = row.iter().zip(xs).map(|(a, b)| *a as f64 * *b as f64).sum();
+            y[t * n_rows + r] = s as f32;
+        }
+    }
+    Ok(())
+}
+
+/// The CPU reference of `mul_mat_ks1i`: [`reference`] with each token's activations
+/// quantized per chunk of 32 as the kernel does (ggml's Q8_0 / Q8_1: scale absmax / 127
+/// kept as an f16, quants rounded half to even), and the offset of Q4_1 / Q5_1 weights
+/// multiplying the Q8_1 sum (`s`, the quants' sum times the scale, as an f16) as
+/// ggml's dot products do.
+pub fn reference_q8(
+    ty: GgmlType,
+    w: &[u8],
+    n_rows: usize,
+    n_cols: usize,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) -> Result<()> {
+    use half::f16;
+    let row_bytes = ty
+        .row_bytes(n_cols as u64)
+        .ok_or_else(|| Error::invalid("row is not whole blocks"))? as usize;
+    // Q4_1 and Q5_1 blocks start with (d, m); their dequantized values hold m.
+    let has_min = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
+    // Per token and chunk: the dequantized activations, and s less their sum.
+    let mut xq = vec![0f32; n_cols * n_tokens];
+    let mut s_err = vec![0f64; n_cols / 32 * n_tokens];
+    for (c, (xs, xo)) in x.chunks_exact(32).zip(xq.chunks_exact_mut(32)).enumerate() {
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let d16 = f16::from_f32(d).to_f32();
+        let mut sum = 0i32;
+        for (o, v) in xo.iter_mut().zip(xs) {
+            let q = (v * id).round_ties_even() as i32;
+            sum += q;
+            *o = q as f32 * d16;
+        }
+        let s = f16::from_f32(sum as f32 * d).to_f32() as f64;
+        s_err[c] = s - sum as f64 * d16 as f64;
+    }
+    reference(ty, w, n_rows, n_cols, &xq, n_tokens, y)?;
+    if has_min {
+        // The offset multiplies s where the dequantized activations' sum stood.
+        for r in 0..n_rows {
+            let wr = &w[r * row_bytes..(r + 1) * row_bytes];
+            for t in 0..n_tokens {
+                let errs = &s_err[t * (n_cols / 32)..(t + 1) * (n_cols / 32)];
+                let fix: f64 = wr
+                    .chunks_exact(ty.type_size())
+                    .zip(errs)
+                    .map(|(blk, e)| f16::from_le_bytes([blk[2], blk[3]]).to_f64() * e)
+                    .sum();
+                y[t * n_rows + r] += fix as f32;
+            }
+        }
+    }
+    Ok(())
+}
