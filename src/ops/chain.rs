@@ -980,30 +980,21 @@ pub fn record_plan(
     chains
         .steps
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let desc = wgpu::ComputePassDescriptor {
-        label: Some("forward"),
-        timestamp_writes: None,
-    };
-    let mut pass = enc.begin_compute_pass(&desc).forget_lifetime();
+    let mut passes = super::StepPasses::begin(enc);
     let mut next = chains.chains.iter().peekable();
     let mut i = 0;
     while i < plan.len() {
         // A chain dispatches after what its range records apart (`Chain::lead_apart`),
         // which the loop records as any other dispatch.
         if let Some(c) = next.next_if(|c| c.lead_apart(step).end == i) {
+            let pass = passes.pass(enc);
             pass.set_pipeline(&pipelines[c.build]);
             pass.set_bind_group(0, &c.bind_group, &[]);
             pass.dispatch_workgroups(chains.workgroups, 1, 1);
             i = c.range.end;
             continue;
         }
-        let d = &plan[i];
-        if d.copies_in(step) {
-            drop(pass);
-            d.record_copies(enc, step);
-            pass = enc.begin_compute_pass(&desc).forget_lifetime();
-        }
-        d.record(&mut pass, step)?;
+        passes.record(enc, &plan[i], step)?;
         i += 1;
     }
     Ok(())

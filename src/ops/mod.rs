@@ -291,20 +291,55 @@ pub fn record_plan<'a>(
     plan: impl IntoIterator<Item = &'a Dispatch>,
     step: &StepInfo,
 ) -> crate::Result<()> {
-    let desc = wgpu::ComputePassDescriptor {
+    let mut passes = StepPasses::begin(enc);
+    for d in plan {
+        passes.record(enc, d, step)?;
+    }
+    Ok(())
+}
+
+/// A step's compute pass, ended and begun again where a kernel's texture copies have to
+/// come first (copies are recorded outside any pass).
+pub(crate) struct StepPasses {
+    /// Always `Some` between calls; `None` only while copies are recorded.
+    pass: Option<wgpu::ComputePass<'static>>,
+}
+
+impl StepPasses {
+    const DESC: wgpu::ComputePassDescriptor<'static> = wgpu::ComputePassDescriptor {
         label: Some("forward"),
         timestamp_writes: None,
     };
-    let mut pass = enc.begin_compute_pass(&desc).forget_lifetime();
-    for d in plan {
-        if d.copies_in(step) {
-            drop(pass);
-            d.record_copies(enc, step);
-            pass = enc.begin_compute_pass(&desc).forget_lifetime();
+
+    pub(crate) fn begin(enc: &mut wgpu::CommandEncoder) -> StepPasses {
+        StepPasses {
+            pass: Some(enc.begin_compute_pass(&Self::DESC).forget_lifetime()),
         }
-        d.record(&mut pass, step)?;
     }
-    Ok(())
+
+    /// The pass being recorded.
+    pub(crate) fn pass(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+    ) -> &mut wgpu::ComputePass<'static> {
+        self.pass
+            .get_or_insert_with(|| enc.begin_compute_pass(&Self::DESC).forget_lifetime())
+    }
+
+    /// Record `d` for `step`, after its copies where it has some.
+    pub(crate) fn record(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        d: &Dispatch,
+        step: &StepInfo,
+    ) -> crate::Result<()> {
+        if d.copies_in(step) {
+            // The pass ends before the copies; a new one follows them.
+            self.pass = None;
+            d.record_copies(enc, step);
+        }
+        d.record(self.pass(enc), step)
+    }
 }
 
 /// A uniform buffer holding `value`.
