@@ -5,7 +5,7 @@
 use super::*;
 
 /// The most bytes of attention probabilities a batch keeps at once (see [`Chunks`]).
-pub(super) const PROBS_BUDGET: u64 = 16 << 20;
+const PROBS_BUDGET: u64 = 16 << 20;
 
 impl GpuModel {
     /// Upload `file`'s weights and record the graph for contexts of `n_ctx` tokens and
@@ -21,7 +21,7 @@ impl GpuModel {
         ctx.explain_loss(r)
     }
 
-    pub(super) fn load_on(
+    fn load_on(
         ctx: Arc<GpuContext>,
         file: &GgufFile,
         cfg: Config,
@@ -213,13 +213,13 @@ fn kv_caches(
 }
 
 /// The layer a tensor named `blk.N.*` belongs to.
-pub(super) fn layer_of(name: &str) -> Option<u32> {
+fn layer_of(name: &str) -> Option<u32> {
     name.strip_prefix("blk.")?.split('.').next()?.parse().ok()
 }
 
 /// Upload the weights of this part of the model (the layers of `range`, the output layer
 /// when `head`) straight from the file map, with a progress bar on stderr.
-pub(super) fn upload_weights(
+fn upload_weights(
     ctx: &GpuContext,
     file: &GgufFile,
     cfg: &Config,

@@ -5,17 +5,17 @@ use super::*;
 
 /// Single-token steps over which a model looks for the driver's workers, the threads
 /// that ran most, and how many times it looks before it gives up.
-pub(super) const PIN_STEPS: u32 = 4;
+const PIN_STEPS: u32 = 4;
 
-pub(super) const PIN_TRIES: u32 = 4;
+const PIN_TRIES: u32 = 4;
 
 /// What a model keeps while it looks for the driver's workers ([`GpuModel::pin`]).
 #[derive(Default)]
 pub(crate) struct PinWatch {
     /// The threads' run times when the current look began.
-    pub(super) census: Option<crate::gpu::pin::Census>,
-    pub(super) steps: u32,
-    pub(super) tries: u32,
+    census: Option<crate::gpu::pin::Census>,
+    steps: u32,
+    tries: u32,
 }
 
 impl GpuModel {

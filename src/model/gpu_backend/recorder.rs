@@ -6,48 +6,48 @@ use super::*;
 
 /// Records the graph's ops as bound kernels.
 pub(super) struct Recorder<'a> {
-    pub(super) ctx: &'a GpuContext,
-    pub(super) step: &'a wgpu::Buffer,
-    pub(super) ids: &'a wgpu::Buffer,
-    pub(super) kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
-    pub(super) probs: &'a wgpu::Buffer,
-    pub(super) chunks: Chunks,
-    pub(super) attn_tex: Option<&'a AttnTextures>,
+    ctx: &'a GpuContext,
+    step: &'a wgpu::Buffer,
+    ids: &'a wgpu::Buffer,
+    kv: &'a [(wgpu::Buffer, wgpu::Buffer)],
+    probs: &'a wgpu::Buffer,
+    chunks: Chunks,
+    attn_tex: Option<&'a AttnTextures>,
     /// When set, each layer's last-token attention is kept here ([n_ctx, n_head, n_layer]).
-    pub(super) capture: Option<&'a wgpu::Buffer>,
+    capture: Option<&'a wgpu::Buffer>,
     /// Where chains run: the buffers odd layers take for Q and its head-normed copy
     /// ([`GpuModel::q_odd`]).
-    pub(super) q_odd: Option<&'a [wgpu::Buffer; 2]>,
-    pub(super) n_head: u32,
-    pub(super) kv_dim: u32,
-    pub(super) n_ctx: u32,
-    pub(super) plan: Vec<Dispatch>,
+    q_odd: Option<&'a [wgpu::Buffer; 2]>,
+    n_head: u32,
+    kv_dim: u32,
+    n_ctx: u32,
+    plan: Vec<Dispatch>,
     /// The last norm of the residual stream, while products may still fold it in.
-    pub(super) pending: Option<PendingNorm>,
+    pending: Option<PendingNorm>,
 }
 
 /// A norm of the residual stream (one row per token) whose readers are still being
 /// recorded. Products that read its output may fold it into their kernels
 /// (`ops::mul_mat::gpu_normed`); once the next other op is recorded, the norm is
 /// settled: kept if a reader did not fold it, dropped otherwise.
-pub(super) struct PendingNorm {
+struct PendingNorm {
     /// Its index in the plan.
-    pub(super) at: usize,
-    pub(super) x: wgpu::Buffer,
-    pub(super) w: wgpu::Buffer,
-    pub(super) y: wgpu::Buffer,
-    pub(super) n: u32,
-    pub(super) eps: f32,
+    at: usize,
+    x: wgpu::Buffer,
+    w: wgpu::Buffer,
+    y: wgpu::Buffer,
+    n: u32,
+    eps: f32,
     /// Whether a product folded it in. A norm settled with none stays as it is: its
     /// output is read by other ops (Gemma's one-head K norm, by RoPE).
-    pub(super) folded: bool,
+    folded: bool,
     /// Whether a product read its output without folding it.
-    pub(super) unfolded: bool,
+    unfolded: bool,
 }
 
 impl<'a> Recorder<'a> {
     /// Settle the pending norm (see [`PendingNorm`]).
-    pub(super) fn settle(&mut self) {
+    fn settle(&mut self) {
         let Some(p) = self.pending.take() else {
             return;
         };
@@ -60,7 +60,7 @@ impl<'a> Recorder<'a> {
     /// Whether a product of `w` reading `x` into `ys` folds the pending norm in. If it
     /// reads the norm's output without folding it, the norm is marked as needed in
     /// every step; if it writes the norm's input or output, the norm is settled first.
-    pub(super) fn folds(&mut self, w: &GpuTensor, x: &wgpu::Buffer, ys: &[&wgpu::Buffer]) -> bool {
+    fn folds(&mut self, w: &GpuTensor, x: &wgpu::Buffer, ys: &[&wgpu::Buffer]) -> bool {
         let Some(p) = self.pending.as_ref() else {
             return false;
         };
@@ -81,7 +81,7 @@ impl<'a> Recorder<'a> {
 
     /// The pending norm's input, weight and epsilon, for a product that folds it in
     /// (which marks it folded).
-    pub(super) fn fold_pending(&mut self) -> Result<(wgpu::Buffer, wgpu::Buffer, f32)> {
+    fn fold_pending(&mut self) -> Result<(wgpu::Buffer, wgpu::Buffer, f32)> {
         let p = self
             .pending
             .as_mut()
@@ -91,7 +91,7 @@ impl<'a> Recorder<'a> {
     }
 
     /// A product reading the pending norm's output, with the norm folded in.
-    pub(super) fn mul_mat_normed(
+    fn mul_mat_normed(
         &mut self,
         w: &GpuTensor,
         ys: &[&wgpu::Buffer],
@@ -110,7 +110,7 @@ impl<'a> Recorder<'a> {
     }
 
     /// Layer `il`'s K and V caches.
-    pub(super) fn cache(&self, il: usize) -> Result<[&'a wgpu::Buffer; 2]> {
+    fn cache(&self, il: usize) -> Result<[&'a wgpu::Buffer; 2]> {
         let (kc, vc) = self
             .kv
             .get(il)
@@ -121,7 +121,7 @@ impl<'a> Recorder<'a> {
     /// How layer `il`'s keys and values join its cache: RoPE (after the heads' norms,
     /// given `norms`) into its caches and, where the layer keeps its cache textures,
     /// a single token's into them too (the attention then records no copies).
-    pub(super) fn cache_append<'r>(
+    fn cache_append<'r>(
         &self,
         il: usize,
         rope: &'r Rope,
@@ -143,7 +143,7 @@ impl<'a> Recorder<'a> {
     /// `rope_store` (with the heads' norms first, given in `append`; only for batches
     /// with `batches_only`, whose single tokens the Q/K/V product appended), then the
     /// attention: Q is rotated in place, K on its way into layer `il`'s cache.
-    pub(super) fn rope_store_attend(
+    fn rope_store_attend(
         &mut self,
         il: usize,
         [q, k, v]: [&wgpu::Buffer; 3],
@@ -161,7 +161,7 @@ impl<'a> Recorder<'a> {
     /// before it and the device runs it: Q and K in one matrix, V with them or a
     /// product of its own, recorded first. Returns false, having recorded nothing,
     /// where it does not apply.
-    pub(super) fn qkv_rope_attention(
+    fn qkv_rope_attention(
         &mut self,
         w: &Proj<GpuTensor, 3>,
         x: &wgpu::Buffer,
@@ -210,7 +210,7 @@ impl<'a> Recorder<'a> {
     }
 
     /// Layer `il`'s attention textures, where its attention reads them.
-    pub(super) fn layer_textures(&self, il: usize, attn: &Attention) -> Option<LayerTextures<'a>> {
+    fn layer_textures(&self, il: usize, attn: &Attention) -> Option<LayerTextures<'a>> {
         self.attn_tex
             .and_then(|t| t.layer(il))
             .filter(|_| attn.reads_textures(self.ctx))
@@ -219,7 +219,7 @@ impl<'a> Recorder<'a> {
     /// Attention over layer `il`'s caches, which already hold this step's keys and
     /// values (and, with `stored`, its kept textures a single token's), and the capture
     /// of its probabilities where one is kept.
-    pub(super) fn attend(
+    fn attend(
         &mut self,
         il: usize,
         q: &wgpu::Buffer,
@@ -521,7 +521,7 @@ impl Ops for Recorder<'_> {
 }
 
 /// The buffer of a tensor that must fit one binding (norm weights).
-pub(super) fn single(w: &GpuTensor) -> Result<&wgpu::Buffer> {
+fn single(w: &GpuTensor) -> Result<&wgpu::Buffer> {
     if w.ty != crate::quant::GgmlType::F32 {
         return Err(Error::Unsupported(format!(
             "tensor {}: {} norm weights (the GPU norm kernels read F32)",
@@ -541,7 +541,7 @@ pub(super) fn single(w: &GpuTensor) -> Result<&wgpu::Buffer> {
 }
 
 impl GpuModel {
-    pub(super) fn recorder(&self) -> Recorder<'_> {
+    fn recorder(&self) -> Recorder<'_> {
         Recorder {
             ctx: &self.ctx,
             step: &self.step,

@@ -7,12 +7,12 @@ use super::*;
 /// How long a single-token step on a CPU-hosted driver polls before it sleeps
 /// ([`Wait::Spin`]): longer than a decode step of the small models there (40-120 ms),
 /// short against one of a large model, whose long dispatches polling would slow.
-pub(super) const SPIN_CAP: std::time::Duration = std::time::Duration::from_millis(200);
+const SPIN_CAP: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How the host waits for a step of `n_tokens`: polling for single tokens on CPU-hosted
 /// drivers, whose steps are hundreds of short dispatches, each waking the driver's
 /// worker threads (`run_step` polls through the layers only); sleeping otherwise.
-pub(super) fn step_wait(ctx: &GpuContext, n_tokens: u32) -> Wait {
+fn step_wait(ctx: &GpuContext, n_tokens: u32) -> Wait {
     if n_tokens == 1 && ctx.info.device_type == wgpu::DeviceType::Cpu {
         Wait::Spin(SPIN_CAP)
     } else {
@@ -46,7 +46,7 @@ pub(super) fn submit_every(ctx: &GpuContext) -> Result<usize> {
 pub const GPU_SUBMIT_EVERY: usize = 32;
 
 /// Record `plan` into `enc`, each dispatch timed where a profiler is given.
-pub(super) fn record<'a>(
+fn record<'a>(
     enc: &mut wgpu::CommandEncoder,
     profiler: Option<&mut crate::gpu::profile::Profiler>,
     plan: impl Iterator<Item = &'a Dispatch>,
@@ -74,15 +74,15 @@ pub(crate) struct OutputPlans {
 
 /// What a step of `n` tokens records after its body for `output`: the output layer's
 /// dispatches, sampling's, and the buffer read back with its words.
-pub(super) struct StepTail<'a> {
-    pub(super) head: &'a [Dispatch],
-    pub(super) sample: &'a [Dispatch],
-    pub(super) out: &'a wgpu::Buffer,
-    pub(super) count: usize,
+struct StepTail<'a> {
+    head: &'a [Dispatch],
+    sample: &'a [Dispatch],
+    out: &'a wgpu::Buffer,
+    count: usize,
 }
 
 impl OutputPlans {
-    pub(super) fn tail<'a>(
+    fn tail<'a>(
         &'a self,
         output: Output,
         n: u32,
@@ -119,7 +119,7 @@ impl OutputPlans {
 }
 
 impl<'a> StepTail<'a> {
-    pub(super) fn new(
+    fn new(
         head: &'a [Dispatch],
         sample: &'a [Dispatch],
         out: &'a wgpu::Buffer,
@@ -136,14 +136,14 @@ impl<'a> StepTail<'a> {
 
 /// A step's command encoder, submitted in parts, and the time spent in
 /// `queue.submit`.
-pub(super) struct Submission<'a> {
-    pub(super) ctx: &'a GpuContext,
-    pub(super) enc: wgpu::CommandEncoder,
-    pub(super) secs: f64,
+struct Submission<'a> {
+    ctx: &'a GpuContext,
+    enc: wgpu::CommandEncoder,
+    secs: f64,
 }
 
 impl<'a> Submission<'a> {
-    pub(super) fn new(ctx: &'a GpuContext) -> Submission<'a> {
+    fn new(ctx: &'a GpuContext) -> Submission<'a> {
         Submission {
             ctx,
             enc: Self::encoder(ctx, "step"),
@@ -151,13 +151,13 @@ impl<'a> Submission<'a> {
         }
     }
 
-    pub(super) fn encoder(ctx: &GpuContext, label: &str) -> wgpu::CommandEncoder {
+    fn encoder(ctx: &GpuContext, label: &str) -> wgpu::CommandEncoder {
         ctx.device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
     }
 
     /// Submit `enc`; the seconds `queue.submit` took.
-    pub(super) fn submit(ctx: &GpuContext, enc: wgpu::CommandEncoder) -> f64 {
+    fn submit(ctx: &GpuContext, enc: wgpu::CommandEncoder) -> f64 {
         let cb = enc.finish();
         let t = std::time::Instant::now();
         ctx.queue.submit([cb]);
@@ -165,14 +165,14 @@ impl<'a> Submission<'a> {
     }
 
     /// Submit what is recorded so far and go on in a new encoder labelled `label`.
-    pub(super) fn cut(&mut self, label: &str) {
+    fn cut(&mut self, label: &str) {
         let next = Self::encoder(self.ctx, label);
         let enc = std::mem::replace(&mut self.enc, next);
         self.secs += Self::submit(self.ctx, enc);
     }
 
     /// Submit the rest; the seconds spent submitting.
-    pub(super) fn finish(self) -> f64 {
+    fn finish(self) -> f64 {
         self.secs + Self::submit(self.ctx, self.enc)
     }
 }
@@ -181,7 +181,7 @@ impl<'a> Submission<'a> {
 /// next is begun, so that the device starts on the first layers while the host still
 /// records the rest; as chains where they span the body (in one part, and no profiler
 /// timing each dispatch).
-pub(super) fn record_body(
+fn record_body(
     sub: &mut Submission<'_>,
     body: &[Dispatch],
     (chains, every): (Option<&crate::ops::chain::Chains>, usize),
@@ -257,7 +257,7 @@ impl GpuModel {
                 "token id {bad} is outside the vocabulary of {n}"
             )));
         }
-        self.plan_top_k()?;
+        self.plan_output(Output::TopK)?;
         if let Some(t) = &self.outputs.top_k {
             let want = crate::ops::top_k::want(wanted, listed);
             self.ctx
@@ -283,11 +283,8 @@ impl GpuModel {
         self.ctx.explain_loss(r)
     }
 
-    /// Build the top-k passes, unless they are built.
-    pub(super) fn plan_top_k(&mut self) -> Result<()> {
-        if self.outputs.top_k.is_some() {
-            return Ok(());
-        }
+    /// Build the top-k passes.
+    fn plan_top_k(&mut self) -> Result<()> {
         let words = |w: usize| w as u64 * 4;
         let top_k = |label, bytes| storage(&self.ctx, label, bytes);
         let want = top_k("topk want", words(crate::ops::top_k::WANT_WORDS))?;
@@ -313,23 +310,21 @@ impl GpuModel {
         Ok(())
     }
 
-    pub(super) fn run_step<T: bytemuck::Pod>(
+    fn run_step<T: bytemuck::Pod>(
         &mut self,
         input: Input<'_>,
         pos: u32,
         output: Output,
     ) -> Result<Vec<T>> {
         let n = self.check_step(&input, pos, output)?;
+        self.plan_output(output)?;
         let q = &self.ctx.queue;
         match input {
             Input::Tokens(tokens) => q.write_buffer(&self.ids, 0, bytemuck::cast_slice(tokens)),
             Input::Hidden(h) => q.write_buffer(&self.scratch.x, 0, bytemuck::cast_slice(h)),
         }
-        self.plan_output(output)?;
         let info = StepInfo::new(pos, n);
-        self.ctx
-            .queue
-            .write_buffer(&self.step, 0, bytemuck::bytes_of(&info));
+        q.write_buffer(&self.step, 0, bytemuck::bytes_of(&info));
         let out = self.submit_step(output, &info)?;
         if let Some(prof) = self.profiler.as_mut() {
             prof.collect(&self.ctx)?;
@@ -342,7 +337,7 @@ impl GpuModel {
 
     /// The tokens of a step from `input` at `pos` that returns `output`, or what is
     /// wrong with it.
-    pub(super) fn check_step(&self, input: &Input<'_>, pos: u32, output: Output) -> Result<u32> {
+    fn check_step(&self, input: &Input<'_>, pos: u32, output: Output) -> Result<u32> {
         let n = match input {
             Input::Tokens(t) => t.len() as u32,
             Input::Hidden(h) => (h.len() / self.cfg.n_embd as usize) as u32,
@@ -392,8 +387,11 @@ impl GpuModel {
     }
 
     /// Build what a step returning `output` runs after the body, where no step has asked
-    /// for it before: the output layer over every token, greedy sampling.
-    pub(super) fn plan_output(&mut self, output: Output) -> Result<()> {
+    /// for it before: the output layer over every token, greedy or top-k sampling.
+    fn plan_output(&mut self, output: Output) -> Result<()> {
+        if output == Output::TopK && self.outputs.top_k.is_none() {
+            self.plan_top_k()?;
+        }
         if output == Output::Logits(Logits::All) && self.outputs.all.is_none() {
             let nb = self.max_batch_all_logits();
             let buf = storage(&self.ctx, "logits_all", act_bytes(self.cfg.n_vocab, nb))?;
@@ -417,11 +415,7 @@ impl GpuModel {
 
     /// Record a step (`info`) returning `output`, submit it, and read back what it
     /// returns.
-    pub(super) fn submit_step<T: bytemuck::Pod>(
-        &mut self,
-        output: Output,
-        info: &StepInfo,
-    ) -> Result<Vec<T>> {
+    fn submit_step<T: bytemuck::Pod>(&mut self, output: Output, info: &StepInfo) -> Result<Vec<T>> {
         let n = info.n_tokens;
         let tail = self.outputs.tail(output, n, &self.cfg, &self.scratch)?;
         let after_body = tail.head.iter().chain(tail.sample);

@@ -209,7 +209,7 @@ pub(super) fn kernel_pipeline(
 
 /// Bindings 9.. of `mul_mat_ks1nr`: the RoPE's parameters, the K and V caches, the
 /// heads' norms' weights, and with `tex` the kept K and V textures.
-pub(super) fn rope_layout(tex: bool) -> Vec<Binding> {
+fn rope_layout(tex: bool) -> Vec<Binding> {
     let mut b = vec![
         Binding::Uniform,
         Binding::ReadWrite,
@@ -268,7 +268,7 @@ pub(crate) fn weight_layout(x_uniform: bool, memory: WeightMemory) -> [Binding; 
 /// outputs of fused products. The windowed variants read only the vec4 view of the
 /// weights (at binding 2, where the others have the u32 view); the same buffer is bound
 /// at both.
-pub(super) fn mul_mat_layout(x_uniform: bool, memory: WeightMemory) -> [Binding; 8] {
+fn mul_mat_layout(x_uniform: bool, memory: WeightMemory) -> [Binding; 8] {
     let [a, b, c, d, e, f] = weight_layout(x_uniform, memory);
     [a, b, c, d, e, f, Binding::ReadWrite, Binding::ReadWrite]
 }

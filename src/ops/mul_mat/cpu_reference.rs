@@ -30,9 +30,7 @@ pub fn reference(
     n_tokens: usize,
     y: &mut [f32],
 ) -> Result<()> {
-    let row_bytes = ty
-        .row_bytes(n_cols as u64)
-        .ok_or_else(|| Error::invalid("row is not whole blocks"))? as usize;
+    let row_bytes = whole_row_bytes(ty, n_cols)?;
     let mut row = vec![0f32; n_cols];
     for r in 0..n_rows {
         crate::quant::dequantize(ty, &w[r * row_bytes..(r + 1) * row_bytes], &mut row)?;
@@ -60,9 +58,7 @@ pub fn reference_q8(
     y: &mut [f32],
 ) -> Result<()> {
     use half::f16;
-    let row_bytes = ty
-        .row_bytes(n_cols as u64)
-        .ok_or_else(|| Error::invalid("row is not whole blocks"))? as usize;
+    let row_bytes = whole_row_bytes(ty, n_cols)?;
     // Q4_1 and Q5_1 blocks start with (d, m); their dequantized values hold m.
     let has_min = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
     // Per token and chunk: the dequantized activations, and s less their sum.
@@ -99,4 +95,12 @@ pub fn reference_q8(
         }
     }
     Ok(())
+}
+
+/// Bytes of a row of `n_cols` elements of `ty`, which must be whole blocks.
+fn whole_row_bytes(ty: GgmlType, n_cols: usize) -> Result<usize> {
+    let bytes = ty
+        .row_bytes(n_cols as u64)
+        .ok_or_else(|| Error::invalid("row is not whole blocks"))?;
+    Ok(bytes as usize)
 }

@@ -209,23 +209,18 @@ pub fn warm_rope(
 
 /// What `mul_mat_ks1nr` binds past the product's own bindings (common/ks1_rope.wgsl).
 pub(super) struct RopeOut<'a> {
-    pub(super) params: wgpu::Buffer,
-    pub(super) caches: [&'a wgpu::Buffer; 2],
+    params: wgpu::Buffer,
+    caches: [&'a wgpu::Buffer; 2],
     /// The heads' norms' weights, or where there are none the folded norm's (bound,
     /// unread).
-    pub(super) norms: [&'a wgpu::Buffer; 2],
-    pub(super) tex: Option<CacheViews<'a>>,
-    pub(super) head_dim: u32,
-    pub(super) build: RopeBuild,
+    norms: [&'a wgpu::Buffer; 2],
+    tex: Option<CacheViews<'a>>,
+    head_dim: u32,
+    build: RopeBuild,
 }
 
 impl<'a> RopeOut<'a> {
-    pub(super) fn new(
-        ctx: &GpuContext,
-        a: &CacheAppend<'a>,
-        norm: Norm<'a>,
-        v_apart: bool,
-    ) -> RopeOut<'a> {
+    fn new(ctx: &GpuContext, a: &CacheAppend<'a>, norm: Norm<'a>, v_apart: bool) -> RopeOut<'a> {
         RopeOut {
             params: crate::ops::uniform(ctx, "mul_mat_ks1nr rope", &a.params(v_apart)),
             caches: a.caches,
@@ -256,7 +251,7 @@ impl<'a> RopeOut<'a> {
     }
 
     /// The single-token build of rows of `n_cols` that ends with `rope`.
-    pub(super) fn kernel_build(ctx: &GpuContext, n_cols: u64, rope: RopeBuild) -> Ks1 {
+    fn kernel_build(ctx: &GpuContext, n_cols: u64, rope: RopeBuild) -> Ks1 {
         let (groups, slots) = ks1_shape(ctx, n_cols / 32);
         Ks1 {
             slots,
@@ -286,7 +281,7 @@ impl<'a> RopeOut<'a> {
 
 /// Whether a product of `w` can fold in `norm` ([`folds_norm`], and its weight bound as
 /// a uniform).
-pub(super) fn check_norm(ctx: &GpuContext, w: &GpuTensor, norm: Norm<'_>) -> Result<()> {
+fn check_norm(ctx: &GpuContext, w: &GpuTensor, norm: Norm<'_>) -> Result<()> {
     if !folds_norm(ctx, w.ty, (w.n_rows(), w.n_cols()), w.memory) {
         return Err(Error::Unsupported(format!(
             "{}: a norm folded into its product on {}",

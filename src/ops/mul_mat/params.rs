@@ -17,9 +17,9 @@ pub struct Window {
     pub nv: u32,
 }
 
-pub(super) const WIN_ARRAY_BYTES: u64 = 256;
+const WIN_ARRAY_BYTES: u64 = 256;
 
-pub(super) const WIN_MAX: u64 = WIN_ARRAY_BYTES - 15 - 4;
+const WIN_MAX: u64 = WIN_ARRAY_BYTES - 15 - 4;
 
 impl Window {
     /// The window fields of the variants that do not walk windows.
@@ -57,22 +57,22 @@ impl Window {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub(super) struct WinParams {
-    pub(super) base: Params,
-    pub(super) win_chunks: u32,
-    pub(super) win_bytes: u32,
-    pub(super) tok0: u32,
-    pub(super) tok_n: u32,
-    pub(super) seg: Segments,
+    base: Params,
+    win_chunks: u32,
+    win_bytes: u32,
+    tok0: u32,
+    tok_n: u32,
+    seg: Segments,
     /// The folded norm's epsilon ([`Norm`]).
     pub(super) norm_eps: f32,
     /// 0, or 1 + the activation of a GLU store ([`Outputs::glu`]).
-    pub(super) glu: u32,
+    glu: u32,
     /// Rows per workgroup of `mul_mat_ks1` ([`ks1_rows`]); the other kernels' are
     /// constants.
     pub(super) wg_rows: u32,
     /// Output tokens per workgroup of the `Ks` family ([`ks_tok_win`]).
     pub(super) tok_win: u32,
-    pub(super) _pad: u32,
+    _pad: u32,
 }
 
 impl WinParams {
@@ -117,9 +117,9 @@ impl WinParams {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub(super) struct Segments {
-    pub(super) seg1: u32,
-    pub(super) seg2: u32,
-    pub(super) seg_end: u32,
+    seg1: u32,
+    seg2: u32,
+    seg_end: u32,
 }
 
 impl Segments {

@@ -74,11 +74,7 @@ impl<'a> Outputs<'a> {
     }
 
     /// Bindings 2..: weights, activations, outputs ([`mul_mat_layout`]).
-    pub(super) fn bindings(
-        &self,
-        w: &'a Part,
-        x: &'a wgpu::Buffer,
-    ) -> Vec<wgpu::BindingResource<'a>> {
+    fn bindings(&self, w: &'a Part, x: &'a wgpu::Buffer) -> Vec<wgpu::BindingResource<'a>> {
         let mut b = weight_bindings(w, x, self.ys[0]);
         if self.bound {
             b.extend([
@@ -177,7 +173,7 @@ pub(super) fn gpu_out(
 
 /// Whether `v`'s single-token build stores the GLU of `n_ff` gate rows: `mul_mat_ks1`
 /// walks the rows in blocks of a subgroup's lanes, `mr` in pairs of any number.
-pub(super) fn glu_rows_fit(ctx: &GpuContext, v: Variant, n_ff: u32) -> bool {
+fn glu_rows_fit(ctx: &GpuContext, v: Variant, n_ff: u32) -> bool {
     v == Variant::Mr || n_ff % ctx.subgroup_min_size.max(1) == 0
 }
 
@@ -185,7 +181,7 @@ pub(super) fn glu_rows_fit(ctx: &GpuContext, v: Variant, n_ff: u32) -> bool {
 /// `x` (storage, or the uniform copy; with a [`Norm`], its residual stream) for output
 /// tokens `tok0 .. tok0 + tok_n`; a step for which `on` is false gets an empty grid.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn part_dispatches(
+fn part_dispatches(
     ctx: &GpuContext,
     (v, kernel): (Variant, &Kernel),
     step: &wgpu::Buffer,
@@ -271,7 +267,7 @@ pub(super) fn part_dispatches(
 /// tokens' activations, then one dispatch per part of W. Enough loads are recorded for
 /// the largest batch `x` holds; those past a step's tokens have empty grids.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn gpu_uniform_x(
+fn gpu_uniform_x(
     ctx: &GpuContext,
     v: Variant,
     step: &wgpu::Buffer,

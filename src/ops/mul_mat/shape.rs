@@ -12,7 +12,7 @@ pub(super) const KS_ROWS: u32 = 64;
 
 /// The most rows one such workgroup takes ([`ks1_rows`]): their trips (four a row,
 /// [`ks1_chainable`]) stay well within llvmpipe's 65535 a workgroup.
-pub(super) const KS1_MAX_ROWS: u32 = 4096;
+const KS1_MAX_ROWS: u32 = 4096;
 
 /// What a build of `mul_mat_ks1` or `mul_mat_ks1i` walks per workgroup, which sets its
 /// rows per workgroup ([`ks1_rows`]).
@@ -74,7 +74,7 @@ pub(super) fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
 /// docs/perf.md): with chains, SmolLM2 decoded 1.135x faster at two (the VM's threads)
 /// than at sixteen, the count before, 1.057x than at eight; three, unevenly shared,
 /// 0.966x. Without chains, two against sixteen: 1.011x and 1.017x (Gemma 3).
-pub(super) fn ks1_groups(ctx: &GpuContext) -> u32 {
+fn ks1_groups(ctx: &GpuContext) -> u32 {
     ctx.ks1_groups
         .unwrap_or_else(crate::gpu::context::driver_threads)
         .max(1)
@@ -103,7 +103,7 @@ pub(super) fn ks_chainable(ctx: &GpuContext, n_cols: u64) -> crate::ops::chain::
     crate::ops::chain::Chainable::fixed(trips)
 }
 
-pub(super) fn lcm(a: u32, b: u32) -> u32 {
+fn lcm(a: u32, b: u32) -> u32 {
     let gcd = |mut a: u32, mut b: u32| {
         while b != 0 {
             (a, b) = (b, a % b);
@@ -118,11 +118,11 @@ pub(super) fn lcm(a: u32, b: u32) -> u32 {
 pub(super) const KS_TOK_WIN_ALL: u32 = 1 << 24;
 
 /// The fewest tokens of a window ([`ks_tok_win`]): a tile of eight.
-pub(super) const KS_TOK_WIN_MIN: u32 = 8;
+const KS_TOK_WIN_MIN: u32 = 8;
 
 /// The most loop trips, in rows times tokens times chunks per lane, that one workgroup
 /// of the `Ks` family walks ([`ks_tok_win`]): 64 rows of a 512-token batch.
-pub(super) const KS_WALK_TRIPS: u32 = 64 * 512;
+const KS_WALK_TRIPS: u32 = 64 * 512;
 
 /// Output tokens per workgroup of a `Ks` family kernel with `wg_rows` rows per
 /// workgroup and `lane_chunks` chunks per lane in its inner loop (1 for `mul_mat_ks1`,
@@ -144,7 +144,7 @@ pub(super) fn ks_tok_win(wg_rows: u32, lane_chunks: u32) -> u32 {
 }
 
 /// Rows per workgroup of `Mr` (`ROWS` in mul_mat_mr.wgsl).
-pub(super) const MR_ROWS: u32 = 4;
+const MR_ROWS: u32 = 4;
 
 /// Tokens per pass over `Mr`'s rows in batches (`TILE` in mul_mat_mr.wgsl).
 pub(super) const MR_TILE: u32 = 4;
@@ -152,9 +152,9 @@ pub(super) const MR_TILE: u32 = 4;
 /// `Mr`'s workgroups ([`mr_lanes`]): how many a product should have for a GPU to keep
 /// enough loads in flight (an H200 holds about 2000 resident 32-lane subgroups), and
 /// how many times [`mr_shape`]'s lanes a workgroup may take to get there.
-pub(super) const MR_FILL_GROUPS: u64 = 2048;
+const MR_FILL_GROUPS: u64 = 2048;
 
-pub(super) const MR_MAX_SPLIT: u32 = 4;
+const MR_MAX_SPLIT: u32 = 4;
 
 /// `Mr`'s workgroup for products of `n_rows` rows of `n_cols` (`WG`, `SG_WHOLE`):
 /// [`mr_shape`]'s, widened two or four times on GPUs where the product has too few
@@ -189,13 +189,13 @@ pub const MM_MIN: u32 = 16;
 
 /// Rows and tokens of a `mul_mat_mm` workgroup's tile (`BM`, `BN`), its invocations
 /// (`WG`) and the workgroup memory its two tiles take.
-pub(super) const MM_ROWS: u32 = 64;
+const MM_ROWS: u32 = 64;
 
-pub(super) const MM_TOKENS: u32 = 64;
+const MM_TOKENS: u32 = 64;
 
-pub(super) const MM_WG: u32 = 256;
+const MM_WG: u32 = 256;
 
-pub(super) const MM_SHARED_BYTES: u32 = 2 * 64 * 64 * 4;
+const MM_SHARED_BYTES: u32 = 2 * 64 * 64 * 4;
 
 /// Whether `Mr` runs batches of [`MM_MIN`] tokens or more as `mul_mat_mm`: where the
 /// device allows its workgroup of 256 and its 32 KiB of workgroup memory.
@@ -250,7 +250,7 @@ pub(super) fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
 }
 
 /// Most chunks a lane of `mul_mat_ks1` holds (the `@slot` lines of mul_mat_ks1.wgsl).
-pub(super) const KS1_MAX_SLOTS: u64 = 6;
+const KS1_MAX_SLOTS: u64 = 6;
 
 /// Rows a single token's subgroup of `mul_mat_ks1` dots at once, and the chunks each
 /// lane then holds (`GROUPS` and `SLOTS` in common/ks1_lanes.wgsl), for rows of

@@ -93,7 +93,7 @@ pub(super) struct Kernel {
 }
 
 impl Kernel {
-    pub(super) fn new(pipe: Pipe, steps: Steps) -> Kernel {
+    fn new(pipe: Pipe, steps: Steps) -> Kernel {
         Kernel {
             pipe,
             steps,
@@ -147,7 +147,7 @@ pub(super) fn kernels(
 }
 
 /// [`kernels`], the builds that single tokens run compiled `ones`.
-pub(super) fn kernels_compiled(
+fn kernels_compiled(
     ctx: &GpuContext,
     (ty, n_rows, n_cols, memory): (GgmlType, u64, u64, WeightMemory),
     v: Variant,
@@ -260,12 +260,7 @@ pub(super) fn kernels_compiled(
 }
 
 /// `mul_mat_mm` for the batches of [`MM_MIN`] tokens or more of a `v` product.
-pub(super) fn mm_kernel(
-    ctx: &GpuContext,
-    ty: GgmlType,
-    v: Variant,
-    memory: WeightMemory,
-) -> Result<Kernel> {
+fn mm_kernel(ctx: &GpuContext, ty: GgmlType, v: Variant, memory: WeightMemory) -> Result<Kernel> {
     Ok(Kernel {
         tiled: true,
         ..Kernel::new(

@@ -152,7 +152,7 @@ pub fn default_variant(ctx: &GpuContext) -> Variant {
 }
 
 /// Weights from which a product of the last token alone runs `KsU` instead of `Ks`.
-pub(super) const KSU_MIN_WEIGHTS: u64 = 1 << 22;
+const KSU_MIN_WEIGHTS: u64 = 1 << 22;
 
 /// The variant a product runs: `v`, except that a `Ks` product of the last token alone
 /// over at least [`KSU_MIN_WEIGHTS`] weights (a model's output head) runs as `KsU`,
