@@ -12,6 +12,8 @@ pub mod shaders;
 pub mod staging;
 pub mod tuning;
 pub mod upload;
+#[cfg(test)]
+pub(crate) mod wgsl_layout;
 pub mod wgsl_link;
 
 pub use context::{AdapterSummary, DeviceOptions, GpuContext};

@@ -656,3 +656,18 @@ fn storage_as(
         })
     })
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::check_const;
+
+    #[test]
+    fn texture_width_matches_the_shaders() {
+        for (file, name) in [
+            ("common/w_texture.wgsl", "TEX_SHIFT"),
+            ("common/scratch_texel.wgsl", "SCRATCH_TEX_SHIFT"),
+        ] {
+            check_const(file, name, super::TEX_SHIFT.into());
+        }
+    }
+}

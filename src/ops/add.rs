@@ -31,3 +31,13 @@ pub fn reference(x: &mut [f32], y: &[f32]) {
         *a += b;
     }
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::wgsl_mirror;
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::Params, "ops/add.wgsl", "Params", { n });
+    }
+}

@@ -64,3 +64,13 @@ pub fn pick(pairs: &[[u32; 2]]) -> Result<u32> {
         .map(|p| p[1])
         .ok_or_else(|| Error::gpu("greedy sampling returned no candidates"))
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::wgsl_mirror;
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::Params, "ops/argmax.wgsl", "Params", { n, span });
+    }
+}

@@ -1103,3 +1103,20 @@ mod tests {
         assert_eq!(run(1000).kv_max(), Some(1000));
     }
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::wgsl_mirror;
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::ChainParams, "common/chain.wgsl", "ChainParams", {
+            base, clear, clear_n, spin, kv_max, left, kv_8, phases, zero, grid
+        });
+        wgsl_mirror!(super::super::StepInfo, "common/chain.wgsl", "ChainStep", {
+            n_tokens,
+            pos,
+            n_kv,
+        });
+    }
+}

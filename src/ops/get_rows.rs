@@ -84,3 +84,15 @@ pub fn gpu(
     }
     Ok(v)
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::wgsl_mirror;
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::Params, "ops/get_rows.wgsl", "Params", {
+            n_rows, n_cols, row_bytes, row0, scale
+        });
+    }
+}

@@ -72,3 +72,13 @@ pub fn reference(gate: &[f32], up: &[f32], out: &mut [f32], act: Activation) {
         *o = a * u;
     }
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::wgsl_mirror;
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::Params, "ops/glu.wgsl", "Params", { n, act });
+    }
+}

@@ -270,3 +270,26 @@ pub fn pack_caches(k: &[f32], v: &[f32], kv_dim: usize, n_ctx: u32) -> (Vec<u32>
     };
     (pack(kh), pack(vh))
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::wgsl_mirror;
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::Params, "ops/kv_store.wgsl", "Params", { kv_dim, stride });
+        let file = "common/rope_store_params.wgsl";
+        wgsl_mirror!(super::RopeStoreParams, file, "RopeStoreParams", {
+            head_dim: rope.head_dim,
+            n_heads: rope.n_heads,
+            n_rot: rope.n_rot,
+            mode: rope.mode,
+            freq_base: rope.freq_base,
+            freq_scale: rope.freq_scale,
+            kv_dim,
+            stride,
+            eps,
+            v_apart,
+        });
+    }
+}

@@ -582,3 +582,16 @@ const REDUCE_MAX_WG: u32 = 256;
 pub fn uniform_for_tests(ctx: &GpuContext, step: &StepInfo) -> wgpu::Buffer {
     uniform(ctx, "step", step)
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::{check_const, wgsl_mirror};
+
+    #[test]
+    fn step_info_mirrors_the_shader() {
+        wgsl_mirror!(super::StepInfo, "common/step.wgsl", "Step", { n_tokens, pos, n_kv });
+        for file in ["common/reduce.wgsl", "common/reduce_sg.wgsl"] {
+            check_const(file, "REDUCE_MAX_WG", super::REDUCE_MAX_WG.into());
+        }
+    }
+}

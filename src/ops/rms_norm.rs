@@ -73,3 +73,13 @@ pub fn reference(x: &[f32], w: &[f32], y: &mut [f32], n: usize, eps: f32) {
         }
     }
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::wgsl_mirror;
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::Params, "ops/rms_norm.wgsl", "Params", { n, rows_per_token, eps });
+    }
+}

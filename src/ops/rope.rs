@@ -97,3 +97,15 @@ impl Rope {
         }
     }
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::wgsl_mirror;
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::Params, "ops/rope.wgsl", "Params", {
+            head_dim, n_heads, n_rot, mode, freq_base, freq_scale, n_heads2
+        });
+    }
+}

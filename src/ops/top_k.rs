@@ -247,3 +247,15 @@ mod tests {
         assert_eq!(got, vec![(9, 2.0), (4, 1.5), (7, -3.0)]);
     }
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::{check_const, wgsl_mirror};
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::Params, "common/top_k.wgsl", "Params", { n, span, spans, cap });
+        check_const("common/top_k.wgsl", "MAX_SPANS", super::MAX_SPANS.into());
+        check_const("common/top_k.wgsl", "MAX_LISTED", super::MAX_LISTED as u64);
+    }
+}

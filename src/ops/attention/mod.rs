@@ -845,3 +845,43 @@ pub fn capture_gpu(
         move |_| [groups(n_ctx, WG), n_head, 1],
     )
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::{check_const, wgsl_mirror};
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::ScoreParams, "ops/attn_scores.wgsl", "Params", {
+            head_dim, n_head, n_head_kv, window, scale, t0, tn
+        });
+        wgsl_mirror!(super::DecodeParams, "common/attn_dec_params.wgsl", "Params", {
+            head_dim, n_head, n_head_kv, window, scale, stride, tn
+        });
+        wgsl_mirror!(super::SoftmaxParams, "ops/softmax.wgsl", "Params", {
+            n_head,
+            t0,
+            tn,
+            window,
+        });
+        wgsl_mirror!(super::OutParams, "ops/attn_out.wgsl", "Params", {
+            head_dim, n_head, n_head_kv, stride, t0, tn, window
+        });
+        wgsl_mirror!(super::CaptureParams, "ops/attn_capture.wgsl", "Params", {
+            n_head,
+            n_ctx,
+            offset,
+            tn,
+        });
+        check_const(
+            "ops/attn_decode_join.wgsl",
+            "MAX_SPLITS",
+            super::MAX_DECODE_SPLITS.into(),
+        );
+        check_const(
+            "ops/attn_decode.wgsl",
+            "MAX_HG",
+            super::MAX_DECODE_HEADS.into(),
+        );
+    }
+}

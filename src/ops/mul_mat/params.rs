@@ -164,3 +164,36 @@ pub(super) fn tokens_per_xu(ctx: &GpuContext, n_cols: u64) -> u64 {
     let cap = X_UNIFORM_BYTES.min(ctx.limits.max_uniform_buffer_binding_size);
     cap / (n_cols * 4).max(1)
 }
+
+#[cfg(test)]
+mod mirror_tests {
+    use crate::gpu::wgsl_layout::wgsl_mirror;
+
+    #[test]
+    fn params_mirror_the_shader() {
+        wgsl_mirror!(super::WinParams, "common/mul_mat_params.wgsl", "Params", {
+            n_rows: base.n_rows,
+            n_cols: base.n_cols,
+            row_bytes: base.row_bytes,
+            row0: base.row0,
+            x_stride: base.x_stride,
+            y_stride: base.y_stride,
+            last_only: base.last_only,
+            acc: base.acc,
+            win_chunks,
+            win_bytes,
+            tok0,
+            tok_n,
+            seg1: seg.seg1,
+            seg2: seg.seg2,
+            seg_end: seg.seg_end,
+            norm_eps,
+            glu,
+            wg_rows,
+            tok_win,
+        });
+        wgsl_mirror!(super::CopyParams, "ops/mul_mat_xcopy.wgsl", "Params", {
+            x_stride, tok0, tok_n, last_only
+        });
+    }
+}
