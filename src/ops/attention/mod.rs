@@ -353,13 +353,13 @@ impl Attention {
     /// Query heads per `attn_decode` workgroup. 1 where it reads storage buffers (GPUs:
     /// a workgroup per head spreads the step over the device). Where it reads K and V
     /// from textures (CPU-hosted drivers, whose cost is the loads), the most heads of
-    /// one K/V head, up to [`MAX_DECODE_HEADS`], that leave a workgroup per host core:
-    /// each key's and value's loads then serve them all.
+    /// one K/V head, up to [`MAX_DECODE_HEADS`], that leave a workgroup per driver
+    /// thread: each key's and value's loads then serve them all.
     fn decode_heads(&self, tex: bool) -> u32 {
         if !tex || self.n_head_kv == 0 {
             return 1;
         }
-        let cores = crate::gpu::context::host_cores();
+        let cores = crate::gpu::context::driver_threads();
         let group = self.n_head / self.n_head_kv;
         (1..=MAX_DECODE_HEADS.min(group))
             .rev()
@@ -369,11 +369,12 @@ impl Attention {
 
     /// Splits of each `attn_decode` workgroup's keys at long contexts ([`SPLIT_MIN_KV`])
     /// where it reads textures (CPU-hosted drivers): 1 where its workgroups of `heads`
-    /// heads are a multiple of the host's cores, else enough for twice as many
-    /// workgroups as cores, so that no core idles while another works through a whole
-    /// row (SmolLM2's three groups on two cores: six workgroups). GPUs keep one.
+    /// heads are a multiple of the driver's threads (one per core unless
+    /// `LP_NUM_THREADS` says otherwise), else enough for twice as many workgroups as
+    /// threads, so that no core idles while another works through a whole row
+    /// (SmolLM2's three groups on two cores: six workgroups). GPUs keep one.
     fn decode_splits(&self, tex: bool, heads: u32) -> u32 {
-        let cores = crate::gpu::context::host_cores();
+        let cores = crate::gpu::context::driver_threads();
         let groups = self.n_head / heads.max(1);
         if !tex || self.n_ctx < SPLIT_MIN_KV || groups == 0 || groups % cores == 0 {
             return 1;

@@ -54,10 +54,10 @@ pub(super) fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
         return KS_ROWS;
     }
     let rows = match walk {
-        // Few enough that a window of the fewest tokens stays within the trip budget
-        // ([`ks_tok_win`]).
+        // One workgroup per driver thread, few enough rows that a window of the fewest
+        // tokens stays within the trip budget ([`ks_tok_win`]).
         Ks1Walk::Tiles => n_rows
-            .div_ceil(crate::gpu::context::host_cores())
+            .div_ceil(crate::gpu::context::driver_threads())
             .min(KS_WALK_TRIPS / KS_TOK_WIN_MIN / step * step),
         Ks1Walk::Tokens | Ks1Walk::Heads(_) => {
             let most = ctx.ks1_max_rows.unwrap_or(KS1_MAX_ROWS);
