@@ -11,7 +11,7 @@
 // workgroup may take 65535 loop trips in all (its loop limiter, which ends every loop
 // after one trip once they are spent, silently); the host sizes `spin` so that the
 // waits and the most work one workgroup could take stay within them (`Run::spin` in
-// ops/chain.rs).
+// ops/chain/runs.rs).
 //
 // The counters of a chain's run are zeroed by the chain after it in the step, whose
 // dispatch starts once this one has ended (the step's last chain's by the first chain
@@ -120,7 +120,7 @@ fn chain_wid(k: u32, i: u32) -> vec3<u32> {
 
 // Reads each wait may take this step: what the trip budget leaves after the most work a
 // workgroup could take at this step's cached positions, shared among the phases
-// (`Run::spin` in ops/chain.rs), at most `spin`.
+// (`Run::spin` in ops/chain/runs.rs), at most `spin`.
 fn chain_spin() -> u32 {
     let n_kv = step[chain_zero].n_kv;
     let kv = select(chain.kv_8 * ((min(n_kv, chain.kv_max) + 7u) / 8u), 0u, n_kv > chain.kv_max);
