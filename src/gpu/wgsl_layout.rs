@@ -28,8 +28,7 @@ pub fn field_type<T, F>(_get: fn(&T) -> &F) -> &'static str {
 /// the members `fields` lists (padding aside) at their offsets and with their types,
 /// and is `size` bytes long.
 pub fn check_mirror(rust: &str, size: usize, file: &str, name: &str, fields: &[Field]) {
-    let path = format!("{}/shaders/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let (path, text) = shader_text(file);
     let src = struct_source(&text, name).unwrap_or_else(|| panic!("{path}: no struct {name}"));
     let module = naga::front::wgsl::parse_str(src)
         .unwrap_or_else(|e| panic!("{path}: struct {name}: {}", e.emit_to_string(src)));
@@ -68,8 +67,7 @@ pub fn check_mirror(rust: &str, size: usize, file: &str, name: &str, fields: &[F
 
 /// Panic unless `shaders/{file}` declares `const name` with the value `value`.
 pub fn check_const(file: &str, name: &str, value: u64) {
-    let path = format!("{}/shaders/{file}", env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let (path, text) = shader_text(file);
     let decl = format!("const {name}:");
     let line = text.lines().find(|l| l.trim_start().starts_with(&decl));
     let line = line.unwrap_or_else(|| panic!("{path}: no `{decl}`"));
@@ -84,6 +82,13 @@ pub fn check_const(file: &str, name: &str, value: u64) {
         "{path}: `{}` against the host's {value}",
         line.trim()
     );
+}
+
+/// `shaders/{file}`'s path and text.
+fn shader_text(file: &str) -> (String, String) {
+    let path = format!("{}/shaders/{file}", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    (path, text)
 }
 
 /// The text of `struct name { ... }` in `text` (WGSL struct bodies hold no braces).

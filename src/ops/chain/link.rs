@@ -15,9 +15,9 @@ impl Chains {
         if runs.len() < 2 {
             return Ok(None);
         }
-        let bases = counter_bases(&runs);
-        let counters: u64 = runs.iter().map(|r| 2 * r.members.len() as u64).sum();
-        let counts = crate::gpu::upload::storage(ctx, "chain counters", 4 * counters.max(1))?;
+        let (bases, counters) = counter_bases(&runs);
+        let bytes = 4 * u64::from(counters.max(1));
+        let counts = crate::gpu::upload::storage(ctx, "chain counters", bytes)?;
         let mut builds = Builds::default();
         let mut chains = Vec::with_capacity(runs.len());
         for (c, r) in runs.iter().enumerate() {
@@ -142,17 +142,19 @@ impl Chains {
     }
 }
 
-/// Where each run's counters start in the chains' counter buffer: two per member
-/// (claims, then items done), one run after another.
-fn counter_bases(runs: &[Run]) -> Vec<u32> {
+/// Where each run's counters start in the chains' counter buffer, two per member
+/// (claims, then items done), one run after another; and how many there are in all.
+fn counter_bases(runs: &[Run]) -> (Vec<u32>, u32) {
     let mut at = 0u32;
-    runs.iter()
+    let bases = runs
+        .iter()
         .map(|r| {
             let base = at;
             at += 2 * r.members.len() as u32;
             base
         })
-        .collect()
+        .collect();
+    (bases, at)
 }
 
 /// The chains' distinct pipelines' builds, by their members' key ([`build_key`]):
@@ -180,29 +182,6 @@ impl Builds {
         self.list.push(b);
         self.by_key.insert(key.to_string(), made.clone());
         Ok(made)
-    }
-}
-
-impl Run {
-    /// Its chain's parameters: its counters from `base`, the counters of the chain
-    /// before (`prev`, from `prev_base`) to zero, its trip budget and its phases' grids.
-    fn params(&self, base: u32, prev_base: u32, prev: &Run) -> ChainParams {
-        let mut params = ChainParams {
-            base,
-            clear: prev_base,
-            clear_n: 2 * prev.members.len() as u32,
-            spin: MAX_SPIN as u32,
-            kv_max: self.kv_max().unwrap_or(u32::MAX),
-            left: u32::try_from(TRIP_BUDGET.saturating_sub(self.fixed())).unwrap_or(0),
-            kv_8: self.kv.map_or(0, |(items, k)| items as u32 * k.per_8),
-            phases: self.members.len() as u32,
-            zero: [0; 4],
-            grid: [[0; 4]; MAX_PHASES],
-        };
-        for (k, g) in self.grids.iter().enumerate() {
-            params.grid[k] = [g[0], g[1], g[2], g[0] * g[1] * g[2]];
-        }
-        params
     }
 }
 

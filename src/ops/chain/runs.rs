@@ -68,6 +68,27 @@ impl Run {
             && self.kv_max().is_none_or(|n| n >= KV_MIN)
     }
 
+    /// Its chain's parameters: its counters from `base`, the counters of the chain
+    /// before (`prev`, from `prev_base`) to zero, its trip budget and its phases' grids.
+    pub(super) fn params(&self, base: u32, prev_base: u32, prev: &Run) -> ChainParams {
+        let mut params = ChainParams {
+            base,
+            clear: prev_base,
+            clear_n: 2 * prev.members.len() as u32,
+            spin: MAX_SPIN as u32,
+            kv_max: self.kv_max().unwrap_or(u32::MAX),
+            left: u32::try_from(TRIP_BUDGET.saturating_sub(self.fixed())).unwrap_or(0),
+            kv_8: self.kv.map_or(0, |(items, k)| items as u32 * k.per_8),
+            phases: self.members.len() as u32,
+            zero: [0; 4],
+            grid: [[0; 4]; MAX_PHASES],
+        };
+        for (k, g) in self.grids.iter().enumerate() {
+            params.grid[k] = [g[0], g[1], g[2], g[0] * g[1] * g[2]];
+        }
+        params
+    }
+
     /// Trips it may take before its waits: its work and the chain's own loops.
     pub(super) fn fixed(&self) -> u64 {
         self.work + self.members.len() as u64 * TRIPS_PER_PHASE + 64
