@@ -19,9 +19,9 @@ fn dk8(i: u32) -> array<vec4<f32>, 2> {
     return array<vec4<f32>, 2>(dk(i), dk(i + 1u));
 }
 
-// Positions 8 j .. 8 j + 7 of value row `dim` (common/attn_v.wgsl's `v4`, rows
-// p.stride halves apart).
+// Positions 8 j .. 8 j + 7 of value row `dim`: the two vec2s of its texel
+// (common/v_layout.wgsl, common/attn_v.wgsl's `v4`).
 fn dv8(dim: u32, j: u32) -> V8 {
-    let i = dim * (p.stride / 4u) + 2u * j;
+    let i = 2u * v_texel(dim, 8u * j, p.head_dim * p.n_head_kv);
     return V8(v4(i), v4(i + 1u));
 }

@@ -7,9 +7,9 @@ struct Params {
     n_head_kv: u32,
     window: u32, // 0: no sliding window
     scale: f32,
-    stride: u32, // halves per row of the V cache
-    tn: u32,     // rows per head in `probs`
-    _pad: u32,
+    _pad0: u32,
+    tn: u32, // rows per head in `probs`
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;

@@ -1,8 +1,7 @@
 // q and the caches of `attn_decode_tex`: q read as a uniform (the first 64 KiB of its
 // buffer, which holds the step's one token), K from the texture the step copied the
 // cache's filled rows into (`ops::attention::AttnTextures`, common/scratch_texel.wgsl),
-// and V from a texture of one row per value row, into which the step copied each row's
-// filled positions. On CPU-hosted drivers a uniform or texel load is one SIMD
+// and V from the texture its cache's bytes went into the same way. On CPU-hosted drivers a uniform or texel load is one SIMD
 // gather where a storage load is a loop over the lanes: on lavapipe the fifth VM read
 // storage at 1.1-1.3 GB/s, uniforms at 17.8 and textures at 29.4 (docs/perf.md).
 
@@ -29,9 +28,9 @@ fn dk(i: u32) -> vec4<f32> {
     return dk8(i & ~1u)[i & 1u];
 }
 
-// Positions 8 j .. 8 j + 7 of value row `dim`: texel j of texture row `dim`.
+// Positions 8 j .. 8 j + 7 of value row `dim`: one texel (common/v_layout.wgsl).
 fn dv8(dim: u32, j: u32) -> V8 {
-    let w = textureLoad(v_tex, vec2<u32>(j, dim));
+    let w = textureLoad(v_tex, scratch_xy(v_texel(dim, 8u * j, p.head_dim * p.n_head_kv)));
     return V8(
         vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y)),
         vec4<f32>(unpack2x16float(w.z), unpack2x16float(w.w)),

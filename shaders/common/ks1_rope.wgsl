@@ -116,11 +116,11 @@ fn rope_k_head(kb: u32, l: u32, pos: u32) {
 
 // Value i of position `pos` into its V cache row (and the row's texel).
 fn store_v1(i: u32, v: f32, pos: u32) {
-    let at = (i * rp.stride + pos) / 2u;
+    let at = v_word(i, pos, rp.kv_dim);
     let old = unpack2x16float(v_cache[at]);
     v_cache[at] = pack2x16float(select(vec2<f32>(old.x, v), vec2<f32>(v, old.y), pos % 2u == 0u));
     // @begin tex
-    tex_v(i, pos, rp.stride);
+    tex_v(i, pos, rp.kv_dim);
     // @end tex
 }
 

@@ -5,7 +5,7 @@
 // common/ks1_rope.wgsl), so that the step records no copy into them: on lavapipe each
 // copy command and the compute pass it splits cost a decode step more than its bytes
 // (docs/perf.md). K's texture holds the K cache's bytes row-major (eight halves per
-// texel, `scratch_xy`); V's a row per value row, positions along it, eight per texel.
+// texel, `scratch_xy`), and V's its buffer's bytes the same way (common/v_layout.wgsl).
 // The including kernel declares `k_tex` and `v_tex` (write-only) and binds `v_cache`.
 
 // Dims i .. i + 7 (i a multiple of 8) of position pos's key of `kv_dim` dims, as f16
@@ -14,12 +14,13 @@ fn tex_k(pos: u32, i: u32, w: vec4<u32>, kv_dim: u32) {
     textureStore(k_tex, scratch_xy((pos * kv_dim + i) / 8u), w);
 }
 
-// Value row i's texel that holds position pos, read back from the V cache (rows of
-// `stride` halves), which holds this step's value (stored by this invocation) and the
-// earlier positions'.
-fn tex_v(i: u32, pos: u32, stride: u32) {
-    let at = (i * stride + pos / 8u * 8u) / 2u;
+// Value row i's texel that holds position pos (of kv_dim rows), read back from the V
+// cache, which holds this step's value (stored by this invocation) and the earlier
+// positions'.
+fn tex_v(i: u32, pos: u32, kv_dim: u32) {
+    let t = v_texel(i, pos, kv_dim);
+    let at = 4u * t;
     let w = vec4<u32>(v_cache[at], v_cache[at + 1u], v_cache[at + 2u], v_cache[at + 3u]);
-    textureStore(v_tex, vec2<u32>(pos / 8u, i), w);
+    textureStore(v_tex, scratch_xy(t), w);
 }
 // @end tex

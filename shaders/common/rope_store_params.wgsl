@@ -13,7 +13,7 @@ struct RopeStoreParams {
     _heads2: u32, // unused here
     _pad0: u32,
     kv_dim: u32,
-    stride: u32,  // V row length in halves (even)
+    _pad1: u32,
     eps: f32,     // the heads' norms' epsilon (rope_store_norm, mul_mat_ks1nr)
     v_apart: u32, // 1: V is a product of its own (mul_mat_ks1nr only)
 }

@@ -6,7 +6,8 @@
 // The probabilities are left in `probs` as the three kernels leave them (tools read them).
 //
 // q: [head_dim, n_head] f32; k_cache: [head_dim, n_head_kv, n_ctx] f16, four halves per
-// vec2<u32>; v_cache: [stride, head_dim * n_head_kv] f16 (transposed), four per vec2<u32>
+// vec2<u32>; v_cache: f16 in blocks of eight positions (common/v_layout.wgsl), four per
+// vec2<u32>
 // probs: [probs_stride(), tn, n_head] f32 (this step's token is row 0 of each head)
 // out: [head_dim, n_head] f32
 //
@@ -145,8 +146,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     storageBarrier();
     // Weighted sum: lane l takes dimensions 4 l, 4 (l + WG), ... over every key, eight
     // positions (two vec4s of probabilities) at a time, each value load serving the HG
-    // heads: a row's stride is a multiple of eight, and its entries past n_kv weigh 0
-    // (the values there lie within the cache's row). The loop is a plain count of pairs:
+    // heads: the cache holds whole blocks of eight positions, and its entries past n_kv
+    // weigh 0. The loop is a plain count of pairs:
     // written with a guarded second vec4 (`select(.., j4 + 1 < n4)`), lavapipe (Mesa
     // 22.3) built a new shader for nearly every dispatch of this kernel on Gemma 3, its
     // JIT regions held near a thousand, 2-2.5 ms per dispatch (docs/perf.md;

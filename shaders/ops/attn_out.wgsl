@@ -10,19 +10,19 @@
 //
 // The probabilities and V come through `p4` and `v8` (common/attn_pv_buffer.wgsl, or
 // common/attn_pv_texture.wgsl for the batch build that reads them from textures).
-// probs: [probs_stride(), tn, n_head] (row t - t0); v_cache: [stride, head_dim *
-// n_head_kv] f16 (transposed, stride = n_ctx rounded up to 128, `kv_store::v_stride`);
+// probs: [probs_stride(), tn, n_head] (row t - t0); v_cache: f16 in blocks of eight
+// positions (common/v_layout.wgsl), for n_ctx rounded up to 128 (`kv_store::v_stride`);
 // out: [head_dim, n_head, n_tokens] f32 (as vec4s; head_dim is a multiple of 4)
 
 struct Params {
     head_dim: u32,
     n_head: u32,
     n_head_kv: u32,
-    stride: u32,
+    _pad0: u32,
     t0: u32,
     tn: u32,
     window: u32, // as `attn_scores`' (0: no sliding window)
-    _pad: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;

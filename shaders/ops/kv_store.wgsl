@@ -1,11 +1,12 @@
 // Append this batch's keys and values to the layer's KV cache, stored as f16 pairs
 // packed in u32 (half the memory and bandwidth of f32, as llama.cpp's default cache;
-// packing needs no f16 shader support). The V cache is stored transposed so that
-// attention's weighted sum walks each value row contiguously.
+// packing needs no f16 shader support). The V cache holds each value row's positions
+// eight to a texel, in blocks of eight positions (common/v_layout.wgsl), so that
+// attention's weighted sum reads eight positions of a row at once.
 //
 // k_new, v_new: [kv_dim, n_tokens] f32 (kv_dim = head_dim * n_head_kv, even)
-// k_cache: [kv_dim, n_ctx] f16; v_cache: [stride, kv_dim] f16 (transposed, stride =
-// n_ctx rounded up to even), two halves per u32, the lower index in the low half.
+// k_cache: [kv_dim, n_ctx] f16; v_cache: f16 in blocks of eight positions, two halves
+// per u32, the lower index in the low half.
 //
 // One invocation per (i, u): u < n_tokens with i even stores keys i, i + 1 of token u;
 // every i stores the V pair of positions 2 (pos / 2 + u), + 1 when it is touched by
@@ -13,9 +14,9 @@
 
 struct Params {
     kv_dim: u32,
-    stride: u32, // V row length in halves (even)
     _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -39,5 +40,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let k2 = vec2<f32>(k_new[src], k_new[src + 1u]);
         k_cache[((step.pos + u) * p.kv_dim + i) / 2u] = pack2x16float(k2);
     }
-    store_v(i, u, p.kv_dim, p.stride);
+    store_v(i, u, p.kv_dim);
 }

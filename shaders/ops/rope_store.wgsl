@@ -69,12 +69,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         tex_k(pos, e, w, p.kv_dim);
     }
     // @end tex
-    store_v(g, t, p.kv_dim, p.stride);
+    store_v(g, t, p.kv_dim);
     // @begin tex
     // A loop of zero or one trips, which batches skip (a branch would run under lane
     // masks on CPU-hosted drivers).
     for (var one = step.n_tokens == 1u; one; one = false) {
-        tex_v(g, step.pos, p.stride);
+        tex_v(g, step.pos, p.kv_dim);
     }
     // @end tex
 }

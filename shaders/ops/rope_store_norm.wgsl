@@ -104,7 +104,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         k_cache[(pos * p.kv_dim + hk * hd + d) / 2u] = pack2x16float(k2);
     }
     for (var d = li; is_k && d < hd; d += WG) {
-        store_v(hk * hd + d, t, p.kv_dim, p.stride);
+        store_v(hk * hd + d, t, p.kv_dim);
     }
     // @begin tex
     // A single token's key and value into the kept textures too, eight dims a texel.
@@ -114,7 +114,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         tex_k(pos, hk * hd + d, w, p.kv_dim);
     }
     for (var d = li; is_k && one && d < hd; d += WG) {
-        tex_v(hk * hd + d, pos, p.stride);
+        tex_v(hk * hd + d, pos, p.kv_dim);
     }
     // @end tex
 }

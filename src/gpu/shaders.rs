@@ -23,6 +23,8 @@ const ROPE_ANGLE: &str = wgsl!("common/rope_angle.wgsl");
 /// The gated activations (`glu`, and `mul_mat_ks1`'s GLU store).
 const ACT: &str = wgsl!("common/act.wgsl");
 const KV_STORE_V: &str = wgsl!("common/kv_store_v.wgsl");
+/// Where a value row's positions lie in the V cache, for what writes and reads it.
+const V_LAYOUT: &str = wgsl!("common/v_layout.wgsl");
 const ROPE_STORE_IO: &str = wgsl!("common/rope_store_io.wgsl");
 const ATTN_V: &str = wgsl!("common/attn_v.wgsl");
 const ATTN_MASK: &str = wgsl!("common/attn_mask.wgsl");
@@ -39,12 +41,13 @@ const SCRATCH_TEXEL: &str = wgsl!("common/scratch_texel.wgsl");
 const TOP_K: &str = wgsl!("common/top_k.wgsl");
 /// What every kernel that rotates keys on their way into the KV cache includes (the
 /// `rope_store` kernels and the RoPE builds of `mul_mat_ks1`): the rotation's angles,
-/// its parameters, and a single token's key and value written into the kept cache
-/// textures (their region `tex`). WGSL declares in any order, so the files are one part.
+/// its parameters, the V cache's layout, and a single token's key and value written
+/// into the kept cache textures (their region `tex`). WGSL declares in any order, so the files are one part.
 const ROPE_APPEND: &str = concat!(
     wgsl!("common/rope_angle.wgsl"),
     wgsl!("common/rope_store_params.wgsl"),
     wgsl!("common/scratch_texel.wgsl"),
+    wgsl!("common/v_layout.wgsl"),
     wgsl!("common/kv_tex.wgsl"),
 );
 /// The same reductions for workgroups of one subgroup (the `_sg` kernels).
@@ -71,7 +74,11 @@ const OPS: &[(&str, &[&str], &str)] = &[
         wgsl!("ops/rms_norm.wgsl"),
     ),
     ("rope", &[STEP, ROPE_ANGLE], wgsl!("ops/rope.wgsl")),
-    ("kv_store", &[STEP, KV_STORE_V], wgsl!("ops/kv_store.wgsl")),
+    (
+        "kv_store",
+        &[STEP, V_LAYOUT, KV_STORE_V],
+        wgsl!("ops/kv_store.wgsl"),
+    ),
     (
         "rope_store",
         &[STEP, KV_STORE_V, ROPE_STORE_IO, ROPE_APPEND],
@@ -106,17 +113,24 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("softmax_sg", &[STEP, REDUCE_SG], wgsl!("ops/softmax.wgsl")),
     (
         "attn_out",
-        &[STEP, TT1, ATTN_MASK, ATTN_V, ATTN_PV_BUFFER],
+        &[STEP, TT1, ATTN_MASK, V_LAYOUT, ATTN_V, ATTN_PV_BUFFER],
         wgsl!("ops/attn_out.wgsl"),
     ),
     (
         "attn_out_t8",
-        &[STEP, TT8, ATTN_MASK, ATTN_V, ATTN_PV_BUFFER],
+        &[STEP, TT8, ATTN_MASK, V_LAYOUT, ATTN_V, ATTN_PV_BUFFER],
         wgsl!("ops/attn_out.wgsl"),
     ),
     (
         "attn_out_t8_tex",
-        &[STEP, TT8, ATTN_MASK, SCRATCH_TEXEL, ATTN_PV_TEXTURE],
+        &[
+            STEP,
+            TT8,
+            ATTN_MASK,
+            SCRATCH_TEXEL,
+            V_LAYOUT,
+            ATTN_PV_TEXTURE,
+        ],
         wgsl!("ops/attn_out.wgsl"),
     ),
     (
@@ -124,6 +138,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
         &[
             STEP,
             ATTN_DEC_PARAMS,
+            V_LAYOUT,
             ATTN_V,
             ATTN_MASK,
             ATTN_SPLIT,
@@ -139,6 +154,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
             ATTN_MASK,
             ATTN_SPLIT,
             SCRATCH_TEXEL,
+            V_LAYOUT,
             wgsl!("common/attn_dec_texture.wgsl"),
         ],
         wgsl!("ops/attn_decode.wgsl"),

@@ -404,29 +404,6 @@ pub fn copy_to_texture(
     }
 }
 
-/// Record a copy of texels `texels` from each of the first `height` rows of `src`, rows
-/// `row_bytes` apart (a multiple of 256), into the same texels of the rows of `dst`: a
-/// strided buffer's columns (the transposed V cache's positions).
-pub fn copy_rows_to_texture(
-    enc: &mut wgpu::CommandEncoder,
-    src: &wgpu::Buffer,
-    dst: &wgpu::Texture,
-    (row_bytes, texels, height): (u32, std::ops::Range<u32>, u32),
-) {
-    if texels.is_empty() {
-        return;
-    }
-    let offset = texels.start as u64 * TEXEL_BYTES;
-    let width = texels.end - texels.start;
-    texel_copy(
-        enc,
-        (src, offset, row_bytes),
-        dst,
-        [texels.start, 0],
-        [width, height],
-    );
-}
-
 /// One copy from `src` (from `offset`, rows `row_bytes` apart) into the `size` texels of
 /// `dst` at `origin`.
 fn texel_copy(
@@ -457,25 +434,6 @@ fn texel_copy(
             depth_or_array_layers: 1,
         },
     );
-}
-
-/// An rgba32uint texture of `width` x `height` texels for [`copy_rows_to_texture`], or
-/// an error where the device's textures are smaller.
-pub fn rows_texture(
-    ctx: &GpuContext,
-    label: &str,
-    width: u32,
-    height: u32,
-) -> Result<wgpu::Texture> {
-    let max = ctx.limits.max_texture_dimension_2d;
-    if width > max || height > max {
-        return Err(Error::gpu(format!(
-            "texture {label} of {width} x {height} texels, over the device's {max}"
-        )));
-    }
-    ctx.scoped(&format!("allocating {label}"), || {
-        texels_2d(ctx, label, (width, height), wgpu::TextureUsages::empty())
-    })
 }
 
 /// An rgba32uint texture [`TEX_W`] texels wide and `height` rows high, to be written by

@@ -16,25 +16,24 @@ use crate::{Error, Result};
 #[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Params {
     pub kv_dim: u32,
-    pub stride: u32,
-    pub _pad: [u32; 2],
+    pub _pad: [u32; 3],
 }
 
-/// Halves per row of the transposed V cache: the context rounded up to 128, so that
-/// `attn_out` reads four positions as one aligned vec2<u32>, `attn_out_tex` eight as
-/// one texel, and a row is a multiple of 256 bytes, the row pitch a copy into a texture
-/// wants (`attn_decode_tex`'s V rows).
-pub fn v_stride(n_ctx: u32) -> u32 {
+/// Positions the caches hold room for: the context rounded up to 128, at least the
+/// whole blocks of eight positions the V cache is laid out in
+/// (shaders/common/v_layout.wgsl), which attention reads a texel at a time.
+pub fn cache_positions(n_ctx: u32) -> u32 {
     n_ctx.next_multiple_of(128)
 }
 
 /// Bytes of one layer's K (or V) cache for `n_ctx` positions of `kv_dim` values.
 pub fn cache_bytes(kv_dim: u32, n_ctx: u32) -> u64 {
-    kv_dim as u64 * v_stride(n_ctx) as u64 * 2
+    kv_dim as u64 * cache_positions(n_ctx) as u64 * 2
 }
 
-/// k_new, v_new: [kv_dim, n_tokens] f32; k_cache: [kv_dim, n_ctx] f16;
-/// v_cache: [v_stride(n_ctx), kv_dim] f16 (both packed in pairs, see [`pack_caches`]).
+/// k_new, v_new: [kv_dim, n_tokens] f32; k_cache: [kv_dim, n_ctx] f16; v_cache: f16 in
+/// blocks of eight positions, each block's texels value row by value row
+/// (shaders/common/v_layout.wgsl; both packed in pairs, see [`pack_caches`]).
 #[allow(clippy::too_many_arguments)]
 pub fn gpu(
     ctx: &GpuContext,
@@ -46,12 +45,11 @@ pub fn gpu(
     kv_dim: u32,
     n_ctx: u32,
 ) -> Result<Dispatch> {
-    check_kv_dim(kv_dim)?;
+    check_caches([k_cache, v_cache], kv_dim, n_ctx)?;
     let pipe = op_pipeline(ctx, "kv_store")?;
     let p = Params {
         kv_dim,
-        stride: v_stride(n_ctx),
-        _pad: [0; 2],
+        _pad: [0; 3],
     };
     // y covers the batch's tokens (keys) and the V pairs it touches (at most as many).
     dispatch(
@@ -65,10 +63,19 @@ pub fn gpu(
     )
 }
 
-fn check_kv_dim(kv_dim: u32) -> Result<()> {
+/// Whether the caches pack pairs of `kv_dim` values and hold `n_ctx` positions: the
+/// kernels write where the step's positions say, which the host keeps below `n_ctx`.
+fn check_caches(caches: [&wgpu::Buffer; 2], kv_dim: u32, n_ctx: u32) -> Result<()> {
     if kv_dim % 2 != 0 {
         return Err(Error::model(format!(
             "KV cache: {kv_dim} values per position (the f16 cache packs pairs; need an even count)"
+        )));
+    }
+    let need = cache_bytes(kv_dim, n_ctx);
+    if let Some(c) = caches.iter().find(|c| c.size() < need) {
+        return Err(Error::gpu(format!(
+            "KV cache: a buffer of {} bytes for {n_ctx} positions of {kv_dim} values ({need} bytes)",
+            c.size()
         )));
     }
     Ok(())
@@ -82,7 +89,7 @@ pub(crate) struct RopeStoreParams {
     /// Q's rotation, as `rope` takes it (its second tensor's heads unused).
     rope: super::rope::Params,
     kv_dim: u32,
-    stride: u32,
+    _pad: u32,
     /// The epsilon of the heads' norms (`rope_store_norm` and `mul_mat_ks1nr`).
     eps: f32,
     /// 1 where V is a product of its own, whose output `mul_mat_ks1nr` appends (unread
@@ -110,7 +117,7 @@ impl CacheAppend<'_> {
     /// can be bound on `ctx`.
     pub(crate) fn check(&self, ctx: &GpuContext) -> Result<()> {
         let (kv_dim, hd) = (self.dims.0, self.rope.head_dim);
-        check_kv_dim(kv_dim)?;
+        check_caches(self.caches, kv_dim, self.dims.1)?;
         if kv_dim % hd.max(1) != 0 || hd % 2 != 0 {
             return Err(Error::model(format!(
                 "KV cache: {kv_dim} values per position are not whole heads of {hd}"
@@ -141,7 +148,7 @@ impl CacheAppend<'_> {
         RopeStoreParams {
             rope: self.rope.params(),
             kv_dim: self.dims.0,
-            stride: v_stride(self.dims.1),
+            _pad: 0,
             eps: self.norms.map_or(0.0, |n| n.eps),
             v_apart: v_apart as u32,
         }
@@ -250,7 +257,6 @@ fn bindings<'a>(
 /// returns (K, V) as packed f16 words, sized for `n_ctx` positions (tests, tools).
 pub fn pack_caches(k: &[f32], v: &[f32], kv_dim: usize, n_ctx: u32) -> (Vec<u32>, Vec<u32>) {
     let words = (cache_bytes(kv_dim as u32, n_ctx) / 4) as usize;
-    let stride = v_stride(n_ctx) as usize;
     let mut kh = vec![0u16; words * 2];
     let mut vh = vec![0u16; words * 2];
     for (j, kv) in k.chunks_exact(kv_dim).enumerate() {
@@ -260,7 +266,8 @@ pub fn pack_caches(k: &[f32], v: &[f32], kv_dim: usize, n_ctx: u32) -> (Vec<u32>
     }
     for (j, vv) in v.chunks_exact(kv_dim).enumerate() {
         for (i, &x) in vv.iter().enumerate() {
-            vh[i * stride + j] = half::f16::from_f32(x).to_bits();
+            // shaders/common/v_layout.wgsl: eight halves per (block, row) texel.
+            vh[(j / 8 * kv_dim + i) * 8 + j % 8] = half::f16::from_f32(x).to_bits();
         }
     }
     let pack = |h: Vec<u16>| {
@@ -277,7 +284,7 @@ mod mirror_tests {
 
     #[test]
     fn params_mirror_the_shader() {
-        wgsl_mirror!(super::Params, "ops/kv_store.wgsl", "Params", { kv_dim, stride });
+        wgsl_mirror!(super::Params, "ops/kv_store.wgsl", "Params", { kv_dim });
         let file = "common/rope_store_params.wgsl";
         wgsl_mirror!(super::RopeStoreParams, file, "RopeStoreParams", {
             head_dim: rope.head_dim,
@@ -287,7 +294,6 @@ mod mirror_tests {
             freq_base: rope.freq_base,
             freq_scale: rope.freq_scale,
             kv_dim,
-            stride,
             eps,
             v_apart,
         });

@@ -120,35 +120,18 @@ impl Held {
 pub struct TextureCopy {
     pub src: wgpu::Buffer,
     pub dst: wgpu::Texture,
-    pub what: CopyExtent,
+    /// Bytes `bytes(step)` (whole texels) into the same place of the texture's
+    /// row-major texels (`gpu::upload::copy_to_texture`).
+    pub bytes: BytesFn,
 }
 
 impl TextureCopy {
     /// Whether this step copies nothing: a step whose copies are all empty records
     /// none, and its kernel stays in the compute pass before it.
     fn is_empty(&self, step: &StepInfo) -> bool {
-        match &self.what {
-            CopyExtent::Bytes(bytes) => bytes(step).is_empty(),
-            CopyExtent::Rows { texels, .. } => texels(step).is_empty(),
-        }
+        (self.bytes)(step).is_empty()
     }
 }
-
-/// What [`TextureCopy`] copies.
-pub enum CopyExtent {
-    /// Bytes `bytes(step)` (whole texels) into the same place of the texture's
-    /// row-major texels (`gpu::upload::copy_to_texture`).
-    Bytes(BytesFn),
-    /// Texels `texels(step)` of each of `rows` rows `row_bytes` apart, into the same
-    /// texels of the texture's rows (`gpu::upload::copy_rows_to_texture`).
-    Rows {
-        row_bytes: u32,
-        rows: u32,
-        texels: TexelsFn,
-    },
-}
-
-type TexelsFn = Box<dyn Fn(&StepInfo) -> std::ops::Range<u32> + Send + Sync>;
 
 /// The pipeline a dispatch runs: compiled when the plan was built, or when a step first
 /// runs it ([`crate::gpu::pipelines::Deferred`], see [`prepare`]).
@@ -224,19 +207,7 @@ impl Dispatch {
     pub fn record_copies(&self, enc: &mut wgpu::CommandEncoder, step: &StepInfo) {
         if self.copies_in(step) {
             for c in self.copies.iter().filter(|c| !c.is_empty(step)) {
-                match &c.what {
-                    CopyExtent::Bytes(bytes) => {
-                        crate::gpu::upload::copy_to_texture(enc, &c.src, &c.dst, bytes(step))
-                    }
-                    CopyExtent::Rows {
-                        row_bytes,
-                        rows,
-                        texels,
-                    } => {
-                        let extent = (*row_bytes, texels(step), *rows);
-                        crate::gpu::upload::copy_rows_to_texture(enc, &c.src, &c.dst, extent)
-                    }
-                }
+                crate::gpu::upload::copy_to_texture(enc, &c.src, &c.dst, (c.bytes)(step));
             }
         }
     }

@@ -266,11 +266,10 @@ struct DecodeParams {
     n_head_kv: u32,
     window: u32,
     scale: f32,
-    /// Halves per row of the transposed V cache.
-    stride: u32,
+    _pad0: u32,
     /// Rows per head of the probabilities.
     tn: u32,
-    _pad: u32,
+    _pad1: u32,
 }
 
 #[repr(C)]
@@ -288,13 +287,12 @@ struct OutParams {
     head_dim: u32,
     n_head: u32,
     n_head_kv: u32,
-    /// Halves per row of the transposed V cache.
-    stride: u32,
+    _pad0: u32,
     t0: u32,
     tn: u32,
     /// As [`ScoreParams`]' (0: no sliding window).
     window: u32,
-    _pad: u32,
+    _pad1: u32,
 }
 
 /// How a batch's attention is cut into chunks of tokens, each chunk's probabilities
@@ -416,18 +414,9 @@ impl Attention {
 
     /// Whether single tokens read q as a uniform and K and V from textures
     /// (`attn_decode_tex`), given a q buffer that binds as one
-    /// (`mul_mat::reads_uniform`): V's texture holds a row of texels per value row.
+    /// (`mul_mat::reads_uniform`).
     fn decodes_from_textures(&self, ctx: &GpuContext) -> bool {
-        let (w, h) = self.v_rows_extent();
-        let max = ctx.limits.max_texture_dimension_2d;
-        self.reads_textures(ctx) && super::mul_mat::binds_x_view(ctx) && w <= max && h <= max
-    }
-
-    /// Texels per row and rows of the V cache's texture ([`AttnTextures`]): the
-    /// transposed cache's rows, eight halves per texel.
-    fn v_rows_extent(&self) -> (u32, u32) {
-        let stride = super::kv_store::v_stride(self.n_ctx);
-        (stride / 8, self.head_dim * self.n_head_kv)
+        self.reads_textures(ctx) && super::mul_mat::binds_x_view(ctx)
     }
 
     /// Bytes of one token's Q (f32) and of one position of the K cache (f16).
@@ -570,9 +559,9 @@ impl Attention {
             n_head_kv: self.n_head_kv,
             window: self.window,
             scale: self.scale,
-            stride: super::kv_store::v_stride(self.n_ctx),
+            _pad0: 0,
             tn: chunks.tokens,
-            _pad: 0,
+            _pad1: 0,
         };
         let part_bytes = (self.n_head * splits * (self.head_dim / 4 + 1)) as u64 * 16;
         let part = crate::gpu::upload::storage(ctx, "attn_decode_part", part_bytes)?;
@@ -724,11 +713,11 @@ impl Attention {
             head_dim: self.head_dim,
             n_head,
             n_head_kv: self.n_head_kv,
-            stride: super::kv_store::v_stride(self.n_ctx),
+            _pad0: 0,
             t0,
             tn,
             window: self.window,
-            _pad: 0,
+            _pad1: 0,
         };
         let hd = self.head_dim;
         let out_grid = move |tt: u32, on: fn(&StepInfo) -> bool| {
@@ -857,7 +846,7 @@ mod mirror_tests {
             head_dim, n_head, n_head_kv, window, scale, t0, tn
         });
         wgsl_mirror!(super::DecodeParams, "common/attn_dec_params.wgsl", "Params", {
-            head_dim, n_head, n_head_kv, window, scale, stride, tn
+            head_dim, n_head, n_head_kv, window, scale, tn
         });
         wgsl_mirror!(super::SoftmaxParams, "ops/softmax.wgsl", "Params", {
             n_head,
@@ -866,7 +855,7 @@ mod mirror_tests {
             window,
         });
         wgsl_mirror!(super::OutParams, "ops/attn_out.wgsl", "Params", {
-            head_dim, n_head, n_head_kv, stride, t0, tn, window
+            head_dim, n_head, n_head_kv, t0, tn, window
         });
         wgsl_mirror!(super::CaptureParams, "ops/attn_capture.wgsl", "Params", {
             n_head,

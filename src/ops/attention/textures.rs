@@ -14,7 +14,7 @@
 
 use super::{window_start, Attention, Chunks};
 use crate::gpu::GpuContext;
-use crate::ops::{CopyExtent, StepInfo, TextureCopy};
+use crate::ops::{StepInfo, TextureCopy};
 use crate::Result;
 
 /// Most bytes the caches' textures of all layers may take for [`CacheTextures::Kept`]:
@@ -60,13 +60,6 @@ impl Tex {
         )?))
     }
 
-    /// A texture of `width` x `height` texels.
-    fn rows(ctx: &GpuContext, label: &str, (width, height): (u32, u32)) -> Result<Tex> {
-        Ok(Tex::of(crate::gpu::upload::rows_texture(
-            ctx, label, width, height,
-        )?))
-    }
-
     fn of(t: wgpu::Texture) -> Tex {
         let v = t.create_view(&Default::default());
         Tex(t, v)
@@ -82,13 +75,12 @@ impl Tex {
         TextureCopy {
             src: src.clone(),
             dst: self.0.clone(),
-            what: CopyExtent::Bytes(Box::new(range)),
+            bytes: Box::new(range),
         }
     }
 }
 
-/// One layer's K and V cache textures: K's bytes as its buffer holds them, V a texture
-/// row per value row (positions along it, eight halves per texel).
+/// One layer's K and V cache textures, each holding its buffer's bytes as they are.
 struct CacheSet {
     k: Tex,
     v: Tex,
@@ -121,11 +113,9 @@ impl AttnTextures {
         }
         let probs = chunks.probs_bytes(attn.n_head, attn.n_ctx);
         let q_bytes = max_batch as u64 * attn.q_row_bytes();
-        let (w, h) = attn.v_rows_extent();
-        let max = ctx.limits.max_texture_dimension_2d;
         // Where one would pass the device's largest texture, the buffers serve.
         let biggest = attn.cache_bytes().max(probs).max(q_bytes);
-        if !crate::gpu::upload::scratch_fits(ctx, biggest) || w > max || h > max {
+        if !crate::gpu::upload::scratch_fits(ctx, biggest) {
             return Ok(None);
         }
         let (first, sets, kept) = match caches {
@@ -136,7 +126,7 @@ impl AttnTextures {
             .map(|il| {
                 Ok(CacheSet {
                     k: Tex::scratch(ctx, &format!("attn_k_tex.{il}"), attn.cache_bytes())?,
-                    v: Tex::rows(ctx, &format!("attn_v_tex.{il}"), (w, h))?,
+                    v: Tex::scratch(ctx, &format!("attn_v_tex.{il}"), attn.cache_bytes())?,
                 })
             })
             .collect::<Result<_>>()?;
@@ -233,19 +223,13 @@ impl<'a> LayerTextures<'a> {
                 first8(s) as u64 * 8 * k_row..s.n_kv as u64 * k_row
             }),
         };
-        let (_, rows) = attn.v_rows_extent();
-        let v = TextureCopy {
-            src: v_cache.clone(),
-            dst: self.v.0.clone(),
-            what: CopyExtent::Rows {
-                row_bytes: crate::ops::kv_store::v_stride(attn.n_ctx) * 2,
-                rows,
-                texels: Box::new(move |s| match none(s) {
-                    true => 0..0,
-                    false => first8(s)..s.n_kv.div_ceil(8),
-                }),
-            },
-        };
+        // V's blocks of eight positions (shaders/common/v_layout.wgsl), a key row's
+        // bytes per position: the blocks that hold the positions copied.
+        let block = 8 * k_row;
+        let v = self.v.copy_range(v_cache, move |s| match none(s) {
+            true => 0..0,
+            false => first8(s) as u64 * block..s.n_kv.div_ceil(8) as u64 * block,
+        });
         vec![k, v]
     }
 }
