@@ -11,7 +11,7 @@
 // The probabilities and V come through `p4` and `v8` (common/attn_pv_buffer.wgsl, or
 // common/attn_pv_texture.wgsl for the batch build that reads them from textures).
 // probs: [probs_stride(), tn, n_head] (row t - t0); v_cache: f16 in blocks of eight
-// positions (common/v_layout.wgsl), for n_ctx rounded up to 128 (`kv_store::v_stride`);
+// positions (common/v_layout.wgsl), n_ctx rounded up to 128 (`kv_store::cache_positions`);
 // out: [head_dim, n_head, n_tokens] f32 (as vec4s; head_dim is a multiple of 4)
 
 struct Params {
