@@ -1,9 +1,10 @@
 // q and the caches of `attn_decode_tex`: q read as a uniform (the first 64 KiB of its
 // buffer, which holds the step's one token), K from the texture the step copied the
 // cache's filled rows into (`ops::attention::AttnTextures`, common/scratch_texel.wgsl),
-// and V from the texture its cache's bytes went into the same way. On CPU-hosted drivers a uniform or texel load is one SIMD
-// gather where a storage load is a loop over the lanes: on lavapipe the fifth VM read
-// storage at 1.1-1.3 GB/s, uniforms at 17.8 and textures at 29.4 (docs/perf.md).
+// and V from the texture its cache's bytes went into the same way. On CPU-hosted
+// drivers a uniform or texel load is one SIMD gather where a storage load is a loop
+// over the lanes: on lavapipe the fifth VM read storage at 1.1-1.3 GB/s, uniforms at
+// 17.8 and textures at 29.4 (docs/perf.md).
 
 @group(0) @binding(2) var<uniform> qu: array<vec4<f32>, 4096>;
 @group(0) @binding(3) var k_tex: texture_storage_2d<rgba32uint, read>;

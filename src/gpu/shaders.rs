@@ -42,7 +42,8 @@ const TOP_K: &str = wgsl!("common/top_k.wgsl");
 /// What every kernel that rotates keys on their way into the KV cache includes (the
 /// `rope_store` kernels and the RoPE builds of `mul_mat_ks1`): the rotation's angles,
 /// its parameters, the V cache's layout, and a single token's key and value written
-/// into the kept cache textures (their region `tex`). WGSL declares in any order, so the files are one part.
+/// into the kept cache textures (their region `tex`). WGSL declares in any order, so
+/// the files are one part.
 const ROPE_APPEND: &str = concat!(
     wgsl!("common/rope_angle.wgsl"),
     wgsl!("common/rope_store_params.wgsl"),
