@@ -467,12 +467,37 @@ fn glu_and_add() {
 }
 
 /// Greedy sampling on the device picks the host's token: the largest logit, ties to the
-/// lowest id (within and across spans), NaN as -inf, -0 equal to +0, denormals ordered.
+/// lowest id (within a quad, across lanes and across spans), NaN as -inf, -0 equal to
+/// +0, denormals ordered. Both builds on every adapter that runs them: `argmax_sg`
+/// (CPU-hosted Vulkan, logits through a texture) and the tree (GPUs, GL, and lavapipe
+/// with its reductions forced through workgroup memory).
 #[test]
 fn argmax_matches_the_host() {
     let mut cases: Vec<(String, Vec<f32>)> = Vec::new();
-    for (n, seed) in [(1usize, 1u64), (63, 2), (4096, 3), (4097, 4), (262_149, 5)] {
+    for (n, seed) in [
+        (1usize, 1u64),
+        (2, 10),
+        (3, 11),
+        (63, 2),
+        (4096, 3),
+        (4097, 4),
+        (262_149, 5),
+    ] {
         cases.push((format!("random {n}"), Rng::new(seed).vec(n, 30.0)));
+    }
+    // Ties in one quad (9 and 10, quad 2), between lanes (21 in quad 5, 65 in quad 16: of
+    // eight lanes, lane 5's first quad and lane 0's third), and in the last, partial
+    // quad.
+    for (n, tied) in [
+        (41, vec![9usize, 10]),
+        (203, vec![65, 21]),
+        (203, vec![202, 201]),
+    ] {
+        let mut v = Rng::new(12).vec(n, 1.0);
+        for &i in &tied {
+            v[i] = 3.0;
+        }
+        cases.push((format!("{n} logits, tied at {tied:?}"), v));
     }
     let mut ties = Rng::new(6).vec(20_000, 1.0);
     for i in [13_000, 9_000, 4_200, 4_100] {
@@ -511,14 +536,16 @@ fn argmax_matches_the_host() {
     let mut inf = Rng::new(8).vec(7000, 1e30);
     (inf[6000], inf[6500]) = (f32::INFINITY, f32::INFINITY);
     cases.push(("+inf".into(), inf));
-    for ctx in contexts() {
+    let mut builds = std::collections::HashSet::new();
+    for ctx in contexts().iter().chain(tree_contexts()) {
         for (name, logits) in &cases {
             let n = logits.len() as u32;
+            builds.insert(argmax::split(ctx, n).build);
             let step = StepInfo::new(0, 1);
             let sb = step_buffer(ctx, &step);
             // Guard values larger than most logits: a read past the end would pick one.
             let lb = buffer_with_guard(ctx, logits, 4);
-            let groups = argmax::groups(n) as usize;
+            let groups = argmax::split(ctx, n).groups as usize;
             let ob = buffer_with_guard(ctx, &vec![0.0; 2 * groups], 16);
             run(ctx, &[argmax::gpu(ctx, &sb, &lb, &ob, n).unwrap()], &step);
             let words: Vec<u32> = read_checked(ctx, &ob, 2 * groups, 16)
@@ -534,6 +561,11 @@ fn argmax_matches_the_host() {
             );
         }
     }
+    assert!(builds.contains("argmax"), "{builds:?}");
+    let sg_here = contexts()
+        .iter()
+        .any(|c| c.info.device_type == wgpu::DeviceType::Cpu && c.fixed_subgroup().is_some());
+    assert_eq!(builds.contains("argmax_sg"), sg_here, "{builds:?}");
 }
 
 /// Top-k sampling's candidates chosen on the device, cut to the best k, are the host's

@@ -168,7 +168,25 @@ const OPS: &[(&str, &[&str], &str)] = &[
     ("attn_capture", &[STEP], wgsl!("ops/attn_capture.wgsl")),
     ("glu", &[STEP, ACT], wgsl!("ops/glu.wgsl")),
     ("add", &[STEP], wgsl!("ops/add.wgsl")),
-    ("argmax", &[STEP], wgsl!("ops/argmax.wgsl")),
+    (
+        "argmax",
+        &[
+            STEP,
+            wgsl!("common/argmax_buffer.wgsl"),
+            wgsl!("common/argmax_tree.wgsl"),
+        ],
+        wgsl!("ops/argmax.wgsl"),
+    ),
+    (
+        "argmax_sg",
+        &[
+            STEP,
+            SCRATCH_TEXEL,
+            wgsl!("common/argmax_texture.wgsl"),
+            wgsl!("common/argmax_sg.wgsl"),
+        ],
+        wgsl!("ops/argmax.wgsl"),
+    ),
     ("topk_spans", &[STEP, TOP_K], wgsl!("ops/topk_spans.wgsl")),
     ("topk_floor", &[STEP, TOP_K], wgsl!("ops/topk_floor.wgsl")),
     ("topk_gather", &[STEP, TOP_K], wgsl!("ops/topk_gather.wgsl")),

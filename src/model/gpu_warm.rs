@@ -235,7 +235,9 @@ pub fn warm(
         graph::head(&mut o, cfg, &norm, &output, &scratch, &(), Columns::Last)?;
         // Greedy decoding's last kernel and top-k sampling's: small, but built on first
         // use they would delay the first token.
-        o.jobs.push(Box::new(move || crate::ops::argmax::warm(ctx)));
+        let n_vocab = cfg.n_vocab;
+        o.jobs
+            .push(Box::new(move || crate::ops::argmax::warm(ctx, n_vocab)));
         if ctx.top_k_on_device() {
             o.jobs.push(Box::new(move || crate::ops::top_k::warm(ctx)));
         }

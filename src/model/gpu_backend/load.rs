@@ -67,7 +67,8 @@ impl GpuModel {
         let attn_tex = AttnTextures::new(&ctx, &attn0, max_batch, chunks, caches)?;
         let step = ops::uniform(&ctx, "step", &StepInfo::default());
         let ids = storage(&ctx, "ids", max_batch as u64 * 4)?;
-        let logits_last = storage(&ctx, "logits", act_bytes(c.n_vocab, 1))?;
+        // Whole quads: greedy sampling may copy them into a texture (`ops::argmax`).
+        let logits_last = storage(&ctx, "logits", ops::argmax::quad_bytes(c.n_vocab))?;
         let capture = if opts.capture_attention {
             Some(storage(
                 &ctx,

@@ -67,7 +67,8 @@ pub(crate) struct OutputPlans {
     pub(super) all: Option<(Vec<Dispatch>, wgpu::Buffer, u32)>,
     /// Greedy sampling over the last token's logits, and the buffer of its per-span
     /// candidates.
-    pub(super) argmax: Option<(Dispatch, wgpu::Buffer)>,
+    /// Greedy sampling's dispatch, its (key, index) pairs and how many it writes.
+    pub(super) argmax: Option<(Dispatch, wgpu::Buffer, usize)>,
     /// Top-k sampling's candidates over the last token's logits ([`crate::ops::top_k`]).
     pub(super) top_k: Option<TopKPlan>,
 }
@@ -94,12 +95,11 @@ impl OutputPlans {
         let vocab = cfg.n_vocab as usize;
         Ok(match output {
             Output::Argmax => {
-                let (d, b) = self
+                let (d, b, groups) = self
                     .argmax
                     .as_ref()
                     .ok_or_else(|| missing("greedy-sampling"))?;
-                let groups = crate::ops::argmax::groups(cfg.n_vocab) as usize;
-                StepTail::new(last, std::slice::from_ref(d), b, groups)
+                StepTail::new(last, std::slice::from_ref(d), b, *groups)
             }
             Output::Logits(Logits::Last) => StepTail::new(last, &[], &self.last.1, vocab),
             Output::Logits(Logits::All) => {
@@ -402,13 +402,10 @@ impl GpuModel {
         }
         if output == Output::Argmax && self.outputs.argmax.is_none() {
             let n = self.cfg.n_vocab;
-            let buf = storage(
-                &self.ctx,
-                "argmax",
-                crate::ops::argmax::groups(n) as u64 * 8,
-            )?;
+            let groups = crate::ops::argmax::split(&self.ctx, n).groups;
+            let buf = storage(&self.ctx, "argmax", groups as u64 * 8)?;
             let d = crate::ops::argmax::gpu(&self.ctx, &self.step, &self.outputs.last.1, &buf, n)?;
-            self.outputs.argmax = Some((d, buf));
+            self.outputs.argmax = Some((d, buf, groups as usize));
         }
         Ok(())
     }
