@@ -35,8 +35,15 @@ fn run_viz(args: &[&str]) -> std::process::Output {
     let _one = XVFB.lock().unwrap_or_else(|e| e.into_inner());
     let xdg = std::env::temp_dir().join("wgllm-viz-test-xdg");
     std::fs::create_dir_all(&xdg).unwrap();
+    // An X authority file of our own: without one, xvfb-run makes a temporary
+    // directory for it and exits 5 when removing that directory fails at the end, which
+    // it did now and then, failing a run whose program had done right.
+    let auth = xdg.join("Xauthority");
+    std::fs::write(&auth, b"").unwrap();
     Command::new("xvfb-run")
         .arg("-a")
+        .arg("-f")
+        .arg(&auth)
         .arg(env!("CARGO_BIN_EXE_wgllm-viz"))
         .args(args)
         .env("WGPU_BACKEND", "vulkan")
