@@ -144,8 +144,12 @@ fn glu_row(v: u32) -> u32 {
 
 // Row v of the walk (see `glu_row`): stored, or with GLU, act(gate) * x where v is an
 // up row (the lane's `gate` is its gate row's sum, from the block before).
+// GLU false (plain products, `Ks1::plain`) leaves the GLU case out of the code: a
+// CPU-hosted driver would run it under lane masks, activation and store included.
+override GLU: bool = true;
+
 fn store_row(t: u32, v: u32, x: f32, gate: f32) {
-    if (p.glu == 0u) {
+    if (!GLU || p.glu == 0u) {
         store_out(t, v, x);
     } else if (((v / WG) & 1u) == 1u) {
         let g = v / (2u * WG) * WG + v % WG;

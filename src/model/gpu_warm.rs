@@ -45,7 +45,7 @@ struct Warm<'a> {
     /// Tokens in the first step: the batch builds it runs are compiled too.
     batch: u32,
     jobs: Vec<WarmJob<'a>>,
-    mats: HashSet<(GgmlType, u64, u64, Columns, bool)>,
+    mats: HashSet<(GgmlType, u64, u64, Columns, bool, bool)>,
     attention: bool,
     /// The Q/K/V products' builds that end with RoPE: (type, row length, rows, heads'
     /// norms, kept textures).
@@ -58,15 +58,16 @@ struct Warm<'a> {
 impl Warm<'_> {
     /// The pipelines of a type, row length and columns, whether products replace their
     /// outputs or add to them; with the norm before them folded in where the recorder
-    /// will fold it (`reads_norm`: the product reads the last norm's output).
-    fn mat(&mut self, w: &Shape, cols: Columns, reads_norm: bool) -> Result<()> {
+    /// will fold it (`reads_norm`: the product reads the last norm's output). `plain`:
+    /// one output and no GLU store (`mul_mat::warm`).
+    fn mat(&mut self, w: &Shape, cols: Columns, (reads_norm, plain): (bool, bool)) -> Result<()> {
         let (ctx, ty, n_cols, n_rows, batch) = (self.ctx, w.ty, w.n_cols, w.n_rows, self.batch);
         let normed = reads_norm
             && self.norm.is_some_and(|n| n as u64 == n_cols)
             && mul_mat::folds_norm(ctx, ty, (n_rows, n_cols), ctx.matrix_memory(ty));
-        if self.mats.insert((ty, n_cols, n_rows, cols, normed)) {
+        if self.mats.insert((ty, n_cols, n_rows, cols, normed, plain)) {
             self.jobs.push(Box::new(move || {
-                mul_mat::warm(ctx, (ty, n_rows, n_cols), cols, normed, batch)
+                mul_mat::warm(ctx, (ty, n_rows, n_cols), (cols, normed, plain), batch)
             }));
         }
         Ok(())
@@ -92,7 +93,7 @@ impl Ops for Warm<'_> {
 
     // The graph's products read the norm just before them, if any.
     fn mul_mat(&mut self, w: &Shape, _: &(), _: &(), cols: Columns) -> Result<()> {
-        self.mat(w, cols, true)
+        self.mat(w, cols, (true, true))
     }
 
     fn rope(&mut self, _: &(), _: &Rope) -> Result<()> {
@@ -161,11 +162,12 @@ impl Ops for Warm<'_> {
 
     fn mul_mat_add(&mut self, w: &Shape, _: &(), _: &(), _: &(), _: u32) -> Result<()> {
         self.norm = None;
-        self.mat(w, Columns::All, false)
+        self.mat(w, Columns::All, (false, true))
     }
 
-    fn mul_mat_rows(&mut self, w: &Shape, _: &(), _: &[&()], _: &[u32]) -> Result<()> {
-        self.mat(w, Columns::All, true)
+    // A fused product stores into several outputs (one output is a plain product).
+    fn mul_mat_rows(&mut self, w: &Shape, _: &(), _: &[&()], rows: &[u32]) -> Result<()> {
+        self.mat(w, Columns::All, (true, rows.len() == 1))
     }
 
     fn rms_norm_add(&mut self, _: &(), _: &(), _: &Shape, _: &(), _: u32, _: f32) -> Result<()> {

@@ -67,6 +67,10 @@ pub(super) struct Ks1 {
     /// The single-token build that ends with RoPE and the cache append
     /// (`mul_mat_ks1nr`, [`gpu_qkv_rope`]).
     pub(super) rope: Option<RopeBuild>,
+    /// A single-token build for plain products (one output, no GLU store,
+    /// [`Outputs::is_plain`]): built with `FUSED` and `GLU` off, so that its store
+    /// has one case. Ignored by the tile builds.
+    pub(super) plain: bool,
 }
 
 /// How `mul_mat_ks1nr` is built.
@@ -143,6 +147,12 @@ pub(super) fn kernel_pipeline(
             }
             if let Some(r) = rope {
                 c.push(("HEAD_NORMS", r.head_norms as u8 as f64));
+            }
+            if k.plain && k.tile == 1 {
+                c.push(("GLU", 0.0));
+                if fused {
+                    c.push(("FUSED", 0.0));
+                }
             }
             c
         }

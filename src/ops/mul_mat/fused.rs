@@ -259,6 +259,7 @@ impl<'a> RopeOut<'a> {
             normed: true,
             tile: 1,
             rope: Some(rope),
+            plain: false,
         }
     }
 

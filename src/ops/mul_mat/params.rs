@@ -115,7 +115,7 @@ impl WinParams {
 /// Where a fused product's rows go (`store_out` in common/mul_mat_params.wgsl): rows
 /// `seg1..seg2` to the second output, `seg2..seg_end` to the third.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, bytemuck::Pod, bytemuck::Zeroable)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
 pub(super) struct Segments {
     seg1: u32,
     seg2: u32,

@@ -73,6 +73,12 @@ impl<'a> Outputs<'a> {
         })
     }
 
+    /// One output and no GLU store or RoPE: single tokens store with one case
+    /// ([`Ks1::plain`]).
+    pub(super) fn is_plain(&self) -> bool {
+        self.seg == Segments::NONE && self.glu == 0 && self.rope.is_none()
+    }
+
     /// Bindings 2..: weights, activations, outputs ([`mul_mat_layout`]).
     fn bindings(&self, w: &'a Part, x: &'a wgpu::Buffer) -> Vec<wgpu::BindingResource<'a>> {
         let mut b = weight_bindings(w, x, self.ys[0]);
@@ -113,6 +119,7 @@ pub(super) fn gpu_out(
         let plan = gpu_uniform_x(ctx, v, step, w, (x, norm), out, cols, per_xu)?;
         return Ok((plan, false));
     }
+    let plain = out.is_plain() && glu.is_none();
     // The GLU store reads gate and up from one part; so does the RoPE at the end of a
     // Q/K/V product read back its heads ([`fuses_rope`]).
     let glu = glu
@@ -130,12 +137,12 @@ pub(super) fn gpu_out(
             ctx,
             shape,
             Variant::KsU,
-            (Columns::Last, norm.is_some()),
+            (Columns::Last, norm.is_some(), plain),
             false,
         )?;
         runs.push((Variant::KsU, (0, per_xu as u32), ks));
     }
-    let ks = kernels(ctx, shape, v, (cols, norm.is_some()), direct)?;
+    let ks = kernels(ctx, shape, v, (cols, norm.is_some(), plain), direct)?;
     runs.push((v, (0, u32::MAX), ks));
     for (v, toks, ks) in runs {
         for k in ks {
@@ -278,7 +285,7 @@ fn gpu_uniform_x(
     per_xu: u64,
 ) -> Result<Vec<Dispatch>> {
     let shape = (w.ty, w.n_rows(), w.n_cols(), w.memory);
-    let kernels = kernels(ctx, shape, v, (cols, norm.is_some()), false)?;
+    let kernels = kernels(ctx, shape, v, (cols, norm.is_some(), out.is_plain()), false)?;
     let copy = crate::ops::op_pipeline(ctx, "mul_mat_xcopy")?;
     let col_bytes = w.n_cols() * 4;
     let max_tokens = match cols {

@@ -124,18 +124,20 @@ impl Kernel {
 /// norm before the product ([`folds_norm`]). With `ones_elsewhere`, another kernel
 /// runs the single tokens (`KsU`'s, [`single_tokens_uniform`]): these run only the
 /// other steps, and the builds that single tokens would have run compile when a step
-/// first needs them.
+/// first needs them. With `plain` (the product has one output and no GLU store,
+/// [`Outputs::is_plain`]), the single-token build of `mul_mat_ks1` stores that way only
+/// ([`Ks1::plain`]).
 pub(super) fn kernels(
     ctx: &GpuContext,
     shape: (GgmlType, u64, u64, WeightMemory),
     v: Variant,
-    (cols, normed): (Columns, bool),
+    (cols, normed, plain): (Columns, bool, bool),
     ones_elsewhere: bool,
 ) -> Result<Vec<Kernel>> {
     if !ones_elsewhere {
-        return kernels_compiled(ctx, shape, v, (cols, normed), NOW);
+        return kernels_compiled(ctx, shape, v, (cols, normed, plain), NOW);
     }
-    let mut ks = kernels_compiled(ctx, shape, v, (cols, normed), LATER)?;
+    let mut ks = kernels_compiled(ctx, shape, v, (cols, normed, plain), LATER)?;
     ks.retain_mut(|k| match k.steps.beyond_one() {
         Some(steps) => {
             k.steps = steps;
@@ -151,7 +153,7 @@ fn kernels_compiled(
     ctx: &GpuContext,
     (ty, n_rows, n_cols, memory): (GgmlType, u64, u64, WeightMemory),
     v: Variant,
-    (cols, normed): (Columns, bool),
+    (cols, normed, plain): (Columns, bool, bool),
     ones: Compile,
 ) -> Result<Vec<Kernel>> {
     if !ks1_fits(ctx, v, ty, n_cols) {
@@ -211,6 +213,7 @@ fn kernels_compiled(
         normed,
         tile: 1,
         rope: None,
+        plain,
     };
     let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), ones))?;
     let single = |steps| Kernel {
@@ -275,12 +278,12 @@ fn mm_kernel(ctx: &GpuContext, ty: GgmlType, v: Variant, memory: WeightMemory) -
 /// in steps of `batch` tokens, so that they can be built ahead of recording, on another
 /// thread; the builds that other batch sizes run are compiled when a step first runs
 /// them. Matrices are held where the context keeps the type's
-/// ([`GpuContext::matrix_memory`]).
+/// ([`GpuContext::matrix_memory`]). `plain`: the product has one output and no GLU
+/// store (as [`gpu`]'s and [`gpu_normed`]'s of one output; not [`gpu_rows`]').
 pub fn warm(
     ctx: &GpuContext,
     (ty, n_rows, n_cols): (GgmlType, u64, u64),
-    cols: Columns,
-    normed: bool,
+    (cols, normed, plain): (Columns, bool, bool),
     batch: u32,
 ) -> Result<()> {
     let memory = ctx.matrix_memory(ty);
@@ -293,10 +296,16 @@ pub fn warm(
     // The models' activations can be bound as uniforms (`upload::activations`).
     let ones_elsewhere = single_tokens_uniform(ctx, v, cols, n_cols);
     if ones_elsewhere {
-        kernels(ctx, shape, Variant::KsU, (Columns::Last, normed), false)?;
+        kernels(
+            ctx,
+            shape,
+            Variant::KsU,
+            (Columns::Last, normed, plain),
+            false,
+        )?;
     }
     let step = StepInfo::new(0, batch.max(1));
-    for k in kernels(ctx, shape, v, (cols, normed), ones_elsewhere)? {
+    for k in kernels(ctx, shape, v, (cols, normed, plain), ones_elsewhere)? {
         if let Pipe::Deferred(d) = &k.pipe {
             if k.steps.admits(&step, cols) {
                 d.get()?;
