@@ -12,7 +12,7 @@
 //! coroutines, and a storage buffer's loads go lane by lane: on lavapipe Gemma 3's
 //! 262144 logits took 1.6-1.8 ms a step the first way (docs/perf.md).
 
-use super::{dispatch, dispatch_bound, op_pipeline, Dispatch, TextureCopy};
+use super::{dispatch, dispatch_bound, one_subgroup_lanes, Dispatch, TextureCopy};
 use crate::gpu::context::driver_threads;
 use crate::gpu::upload::{scratch_fits, scratch_texture};
 use crate::gpu::GpuContext;
@@ -53,8 +53,8 @@ impl Split {
 /// The split of `n` logits on `ctx` (see the module's comment).
 pub fn split(ctx: &GpuContext, n: u32) -> Split {
     let cpu_hosted = ctx.info.device_type == wgpu::DeviceType::Cpu;
-    match ctx.fixed_subgroup() {
-        Some(sg) if cpu_hosted && !ctx.workgroup_reductions && scratch_fits(ctx, quad_bytes(n)) => {
+    match one_subgroup_lanes(ctx) {
+        Some(sg) if cpu_hosted && scratch_fits(ctx, quad_bytes(n)) => {
             let span = n.div_ceil(driver_threads()).next_multiple_of(4).max(4);
             Split {
                 build: "argmax_sg",
@@ -84,9 +84,6 @@ pub fn warm(ctx: &GpuContext, n: u32) -> Result<()> {
 }
 
 fn pipeline(ctx: &GpuContext, s: Split) -> Result<std::sync::Arc<wgpu::ComputePipeline>> {
-    if !s.texture() {
-        return op_pipeline(ctx, s.build);
-    }
     ctx.pipelines
         .get(&ctx.device, s.build, &[("WG", s.lanes as f64)], || {
             crate::gpu::shaders::op_source(s.build)

@@ -466,13 +466,20 @@ pub(crate) fn reduce_pipeline_with(
         })
 }
 
+/// The lanes of a workgroup of one subgroup, where the reducing kernels may take their
+/// `_sg` builds (and `argmax` its own): a fixed subgroup size of at most [`WG`], and
+/// reductions not forced through workgroup memory
+/// ([`GpuContext::workgroup_reductions`]).
+pub(crate) fn one_subgroup_lanes(ctx: &GpuContext) -> Option<u32> {
+    ctx.fixed_subgroup()
+        .filter(|&sg| sg <= WG && !ctx.workgroup_reductions)
+}
+
 /// The build [`reduce_pipeline`] takes for rows of `span`, and its lanes.
 fn reduce_build(ctx: &GpuContext, name: &str, span: u32) -> (String, u32) {
     let cpu_hosted = ctx.info.device_type == wgpu::DeviceType::Cpu;
-    match ctx.fixed_subgroup() {
-        Some(sg) if sg <= WG && !ctx.workgroup_reductions && (cpu_hosted || span <= 4 * sg) => {
-            (format!("{name}_sg"), sg)
-        }
+    match one_subgroup_lanes(ctx) {
+        Some(sg) if cpu_hosted || span <= 4 * sg => (format!("{name}_sg"), sg),
         _ => (name.to_string(), reduce_lanes(ctx, span)),
     }
 }
