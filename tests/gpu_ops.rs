@@ -109,6 +109,10 @@ fn mul_mat_k_quants() {
                 (130, 256, 5),
                 (33, 2048, 2),
                 (65, 768, 9),
+                // Single tokens on CPU-hosted drivers: two and three chunk pairs a
+                // lane (`PAIRS` in mul_mat_ks1.wgsl; 512 columns take one).
+                (97, 1024, 2),
+                (41, 1536, 1),
             ] {
                 check_mul_mat(ctx, ty, rows, cols, toks, Columns::All);
             }

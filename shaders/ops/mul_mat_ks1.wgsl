@@ -1,8 +1,8 @@
 // mul_mat for one token at a time (or four, with TILE), on rows short enough that one
 // subgroup holds all of a row's activations in registers: each of the WG lanes holds
 // SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it for rows of at most 6 * WG
-// chunks, and not for Q6_K; K-quant chunks are dotted one at a time here, though
-// neighbours share words). A workgroup is one subgroup owning ROWS consecutive rows;
+// chunks, and not for Q6_K; Q4_K and Q5_K single tokens dot a lane's chunks in pairs
+// where it holds an even count, `PAIRS`). A workgroup is one subgroup owning ROWS consecutive rows;
 // per row, each lane dots its chunks, `subgroupAdd` gives the row's sum, and lane j
 // keeps row i0 + j's so that the lanes store WG rows at once.
 //
@@ -91,6 +91,17 @@ fn slot_dot(row_byte: u32, s: Slot) -> f32 {
     return s.on * wdot32_pre(row_byte, s.c, s.x, s.xs);
 }
 
+// Slots a and a + 1 hold chunks 2 c2 and 2 c2 + 1 of a row with PAIRS (an even chunk
+// count per lane, each lane's run starting at an even chunk, rows of an even count of
+// chunks): the K-quants' two chunks that share their 32 bytes of nibbles, the block's
+// header and its scales, dotted with one load of them (`wdot64_pre`), where one chunk
+// at a time loads them twice. Both slots are in the row or neither.
+override PAIRS: bool = false;
+
+fn pair_dot(row_byte: u32, a: Slot, b: Slot) -> f32 {
+    return a.on * wdot64_pre(row_byte, a.c / 2u, a.x, b.x, a.xs, b.xs);
+}
+
 // Row `rb` dotted with a lane's slots. Every line of slot k > 0 ends in a `@slot k`
 // mark: the host drops the lines of the slots past SLOTS from the source before
 // compiling it (`gpu::shaders::keep_slots`), so the driver never sees them. (WGSL has
@@ -104,6 +115,12 @@ fn row_dot(
     s4: Slot, // @slot 4
     s5: Slot, // @slot 5
 ) -> f32 {
+    if (PAIRS) {
+        var w = pair_dot(rb, s0, s1); // @slot 1
+        w += pair_dot(rb, s2, s3); // @slot 3
+        w += pair_dot(rb, s4, s5); // @slot 5
+        return w; // @slot 1
+    }
     var v = slot_dot(rb, s0);
     v += slot_dot(rb, s1); // @slot 1
     v += slot_dot(rb, s2); // @slot 2

@@ -73,6 +73,13 @@ pub(super) struct Ks1 {
     pub(super) plain: bool,
 }
 
+/// Whether a single-token `mul_mat_ks1` build of `ty` dots its slots in chunk pairs
+/// (`PAIRS`): the K-quants whose two neighbouring chunks share their bytes, on an even
+/// count of slots per lane (each lane's run then starts at an even chunk).
+fn ks1_pairs(ty: GgmlType, k: Ks1) -> bool {
+    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K) && k.tile == 1 && k.slots % 2 == 0 && ks_runs(ty)
+}
+
 /// How `mul_mat_ks1nr` is built.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct RopeBuild {
@@ -147,6 +154,9 @@ pub(super) fn kernel_pipeline(
             }
             if let Some(r) = rope {
                 c.push(("HEAD_NORMS", r.head_norms as u8 as f64));
+            }
+            if ks1_pairs(ty, k) && !int {
+                c.push(("PAIRS", 1.0));
             }
             if k.plain && k.tile == 1 {
                 c.push(("GLU", 0.0));
