@@ -7,7 +7,10 @@
 //! bytes. The quants then sit on 16-byte boundaries and the decoders read them as
 //! aligned vec4s (`wq`), which costs CPU-hosted drivers a quarter of the loads of
 //! straddling u32 reads and lets real GPUs coalesce them; the bytes read per row are
-//! the same. The values are unchanged: only the order of a row's bytes moves.
+//! the same. The values are unchanged: only the order of a row's bytes moves, except
+//! that Q8_0's quants are held offset by 128 (each byte's top bit flipped, [`write_row`]),
+//! so that its decoders read them as unsigned bytes in place: one operation a byte
+//! where a signed byte takes two (`shaders/common/quant/q8_0.wgsl`).
 
 use crate::quant::GgmlType;
 
@@ -70,6 +73,12 @@ pub fn write_row(ty: GgmlType, src: &[u8], dst: &mut [u8]) {
         }
         at += n_blocks * len;
     }
+    if ty == GgmlType::Q8_0 {
+        // i8 q as the u8 q + 128: its top bit flipped.
+        for q in &mut dst[..n_blocks * 32] {
+            *q ^= 0x80;
+        }
+    }
 }
 
 /// Field `off .. off + N` of every `block`-byte block of `src`, one after another.
@@ -116,5 +125,30 @@ mod tests {
         assert_eq!(&dst[48..60], &[2, 3, 4, 5, 24, 25, 26, 27, 46, 47, 48, 49]);
         assert_eq!(&dst[60..66], &[0, 1, 22, 23, 44, 45]);
         assert!(dst[66..].iter().all(|&b| b == 0xaa));
+    }
+
+    /// Q8_0's quants go first, each i8 as the u8 q + 128; its scales keep their bytes.
+    #[test]
+    fn q8_0_quants_are_offset() {
+        let ty = GgmlType::Q8_0;
+        // Two blocks: d = [1, 2] and [3, 4]; quants -128, -1, 0, 1, 127 and on.
+        let quant = |b: usize, j: usize| [-128i8, -1, 0, 1, 127][(b + j) % 5];
+        let mut src = Vec::new();
+        for b in 0..2 {
+            src.extend([1 + 2 * b as u8, 2 + 2 * b as u8]);
+            src.extend((0..32).map(|j| quant(b, j) as u8));
+        }
+        let mut dst = vec![0; row_bytes(ty, 64).unwrap() as usize];
+        write_row(ty, &src, &mut dst);
+        for b in 0..2 {
+            for j in 0..32 {
+                assert_eq!(
+                    dst[b * 32 + j] as i32 - 128,
+                    quant(b, j) as i32,
+                    "block {b} quant {j}"
+                );
+            }
+        }
+        assert_eq!(&dst[64..68], &[1, 2, 3, 4]);
     }
 }
