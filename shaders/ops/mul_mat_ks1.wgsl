@@ -1,8 +1,8 @@
 // mul_mat for one token at a time (or four, with TILE), on rows short enough that one
 // subgroup holds all of a row's activations in registers: each of the WG lanes holds
 // SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it for rows of at most 6 * WG
-// chunks, and not for Q6_K; Q4_K and Q5_K single tokens dot a lane's chunks in pairs
-// where it holds an even count, `PAIRS`). A workgroup is one subgroup owning ROWS
+// chunks; the K-quants' single tokens dot a lane's chunks in pairs where it holds an
+// even count, `PAIRS`). A workgroup is one subgroup owning ROWS
 // consecutive rows; per row, each lane dots its chunks, `subgroupAdd` gives the row's
 // sum, and lane j keeps row i0 + j's so that the lanes store WG rows at once.
 //

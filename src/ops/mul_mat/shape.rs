@@ -284,18 +284,18 @@ pub(super) fn ks_paired(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
-/// Whether single tokens of a `Ks` or `KsU` product on rows of `n_cols` elements of
-/// `ty` run `mul_mat_ks1`: rows whose activations the subgroup holds in registers.
+/// Whether single tokens of a `Ks` or `KsU` product on rows of `n_cols` elements run
+/// `mul_mat_ks1`, whatever the weight type: rows whose activations the subgroup holds
+/// in registers.
 /// Measured on lavapipe, batch 1 (docs/perf.md): 1.4-2x on long stacks of three-chunk
 /// rows, 1.3-1.6x on 1536 columns with six; Q4_K and Q5_K, one chunk per slot though
 /// neighbouring chunks share words, 1.15-1.7x at 512-1536 columns, and 1.24-1.53x more
 /// where a lane's chunks go in pairs (`PAIRS`). Q6_K, whose chunk alone takes six loads
-/// (four in a pair), gained nothing there and keeps `ks` (in pairs, 1.17x at 512-1536
-/// columns, but its batches would change path too).
-pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
-    matches!(v, Variant::Ks | Variant::KsU)
-        && ty != GgmlType::Q6_K
-        && ks1_slots(ctx, n_cols / 32) > 0
+/// (four in a pair), gained nothing there one chunk at a time; in pairs it runs single
+/// tokens 1.17-1.25x and batches of 16 and 64 (the float tiles) 1.1-1.35x faster than
+/// in `ks`.
+pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, n_cols: u64) -> bool {
+    matches!(v, Variant::Ks | Variant::KsU) && ks1_slots(ctx, n_cols / 32) > 0
 }
 
 /// Whether batches of a `Ks` product of `ty` that [`ks1_fits`] run `mul_mat_ks1i`,

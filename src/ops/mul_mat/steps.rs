@@ -156,7 +156,7 @@ fn kernels_compiled(
     (cols, normed, plain): (Columns, bool, bool),
     ones: Compile,
 ) -> Result<Vec<Kernel>> {
-    if !ks1_fits(ctx, v, ty, n_cols) {
+    if !ks1_fits(ctx, v, n_cols) {
         if normed {
             return Err(Error::Unsupported(format!(
                 "a norm folded into a {} {ty} product of {n_cols} columns",
