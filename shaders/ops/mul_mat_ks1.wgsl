@@ -2,9 +2,9 @@
 // subgroup holds all of a row's activations in registers: each of the WG lanes holds
 // SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it for rows of at most 6 * WG
 // chunks; the K-quants' single tokens dot a lane's chunks in pairs where it holds an
-// even count, `PAIRS`). A workgroup is one subgroup owning ROWS
-// consecutive rows; per row, each lane dots its chunks, `subgroupAdd` gives the row's
-// sum, and lane j keeps row i0 + j's so that the lanes store WG rows at once.
+// even count, `PAIRS`). A workgroup is one subgroup owning ROWS consecutive rows; per
+// row, each lane dots its chunks, `subgroupAdd` gives the row's sum, and lane j keeps
+// row i0 + j's so that the lanes store WG rows at once.
 //
 // Against `mul_mat_ks`, whose single-token path walks the chunks outside and the rows
 // inside, adding each row's partial sum into a private array: with no private array
@@ -93,9 +93,10 @@ fn slot_dot(row_byte: u32, s: Slot) -> f32 {
 
 // Slots a and a + 1 hold chunks 2 c2 and 2 c2 + 1 of a row with PAIRS (an even chunk
 // count per lane, each lane's run starting at an even chunk, rows of an even count of
-// chunks): the K-quants' two chunks that share their 32 bytes of nibbles, the block's
-// header and its scales, dotted with one load of them (`wdot64_pre`), where one chunk
-// at a time loads them twice. Both slots are in the row or neither.
+// chunks): the K-quants' two chunks that share bytes (Q4_K and Q5_K their nibbles,
+// header and scales; Q6_K its high bits, scales and d), dotted with one load of them
+// (`wdot64_pre`), where one chunk at a time loads them twice. Both slots are in the
+// row or neither.
 override PAIRS: bool = false;
 
 fn pair_dot(row_byte: u32, a: Slot, b: Slot) -> f32 {

@@ -74,14 +74,11 @@ pub(super) struct Ks1 {
 }
 
 /// Whether a single-token `mul_mat_ks1` build of `ty` dots its slots in chunk pairs
-/// (`PAIRS`): the K-quants, whose two neighbouring chunks share bytes (Q4_K and Q5_K
-/// their nibbles, header and scales; Q6_K its high bits, scales and d), on an even
-/// count of slots per lane (each lane's run then starts at an even chunk).
+/// (`PAIRS`): the types `mul_mat_ks` walks in pairs too ([`ks_paired`], the K-quants,
+/// whose neighbouring chunks share bytes), on an even count of slots per lane (each
+/// lane's run then starts at an even chunk).
 fn ks1_pairs(ty: GgmlType, k: Ks1) -> bool {
-    matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
-        && k.tile == 1
-        && k.slots % 2 == 0
-        && ks_runs(ty)
+    ks_paired(ty) && k.tile == 1 && k.slots % 2 == 0 && ks_runs(ty)
 }
 
 /// How `mul_mat_ks1nr` is built.
@@ -159,7 +156,7 @@ pub(super) fn kernel_pipeline(
             if let Some(r) = rope {
                 c.push(("HEAD_NORMS", r.head_norms as u8 as f64));
             }
-            if ks1_pairs(ty, k) && !int {
+            if ks1_pairs(ty, k) {
                 c.push(("PAIRS", 1.0));
             }
             if k.plain && k.tile == 1 {
