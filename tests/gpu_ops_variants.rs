@@ -590,6 +590,68 @@ fn variants_small_block_types() {
     }
 }
 
+/// Single tokens of the planar types whose `mul_mat_ks1` lanes read their small fields
+/// once per row (`DeviceOptions::field_runs`, on by default on CPU-hosted drivers),
+/// and each chunk's fields alone, on every adapter: every count of slots per lane (one
+/// to six), runs that start at either half of a word and at every word of a texel, a
+/// run of six 4-byte fields that reaches a third texel, and one, two and four rows on a
+/// subgroup at once (`mul_mat::ks1_shape`); for Q8_0's strided lanes, rows of two and
+/// four lanes whose slots span one to three texels (32 to 576 columns), and rows of
+/// eight, which read one field per chunk.
+#[test]
+fn small_fields_in_runs_and_per_chunk() {
+    for ctx in contexts() {
+        for field_runs in [false, true] {
+            let ctx = GpuContext::from_adapter(
+                ctx.adapter.clone(),
+                &DeviceOptions {
+                    field_runs: Some(field_runs),
+                    ..Default::default()
+                },
+            )
+            .expect("context");
+            assert_eq!(ctx.field_runs, field_runs);
+            for ty in [
+                GgmlType::Q4_0,
+                GgmlType::Q4_1,
+                GgmlType::Q5_0,
+                GgmlType::Q5_1,
+                GgmlType::Q8_0,
+            ] {
+                assert!(wgllm::gpu::shaders::has_run_fields(ty), "{ty}");
+                // Chunks per row: 1, 3, 5 (three slots on two lanes), 10 (five on
+                // two), 11 (three on four), 15 (two on eight), 16 (two on eight), 18 (five on four), 25 (four on eight), 39
+                // (five on eight), 41 and 48 (six on eight). At 41, Q5_1's (d, m) plane
+                // starts 4 bytes into a texel, and odd lanes' runs 12 bytes in reach a
+                // third.
+                for (rows, cols) in [
+                    (9, 32),
+                    (67, 96),
+                    (65, 160),
+                    (33, 320),
+                    (33, 352),
+                    (33, 480),
+                    (35, 512),
+                    (67, 576),
+                    (33, 800),
+                    (33, 1248),
+                    (33, 1312),
+                    (33, 1536),
+                ] {
+                    for v in [Variant::Ks, Variant::KsU]
+                        .into_iter()
+                        .filter(|v| v.available(&ctx))
+                    {
+                        check(&ctx, v, ty, rows, cols, 1, Columns::All);
+                    }
+                }
+            }
+            // The K-quants' fields lie inside their blocks: one read per chunk pair.
+            assert!(!wgllm::gpu::shaders::has_run_fields(GgmlType::Q4_K));
+        }
+    }
+}
+
 #[test]
 fn variants_k_quants() {
     for ctx in contexts() {

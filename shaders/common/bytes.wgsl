@@ -179,3 +179,39 @@ fn wq8(i: u32) -> array<u32, 8> {
 fn plane(row_byte: u32, block: u32, n: u32) -> u32 {
     return row_byte + (p.n_cols / block) * n;
 }
+
+// A lane's run of consecutive chunks' small fields (scales, fifth bits), read once per
+// row (`FIELDS` in ops/mul_mat_ks1.wgsl) where reading each chunk's field fetches a
+// whole aligned vec4 (a texel) for it. The words of the plane from the one holding byte
+// `b` on: word j of the result is the word at byte (b & ~3) + 4 j. A run of `slots`
+// fields of `n` bytes (2 or 4) from `b`, a multiple of n, lies in the two aligned
+// vec4s from the one holding `b`, or in three where it starts 12 bytes into the first
+// and reaches past 32 (n = 4, six slots).
+fn run_words(b: u32, n: u32, slots: u32) -> array<u32, 8> {
+    let t = b >> 4u;
+    let x = wq(t);
+    let y = wq(t + 1u);
+    var z = vec4<u32>();
+    if (16u - n + n * slots > 32u) {
+        z = wq(t + 2u);
+    }
+    let c = array<u32, 12>(x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w, z.x, z.y, z.z, z.w);
+    // Shifted down by the word's index in the first vec4 (0 .. 3), in two steps of
+    // selects with indices the compiler sees: llvmpipe indexes a private array by a
+    // lane's own index one lane at a time.
+    let one = (b & 4u) != 0u;
+    let two = (b & 8u) != 0u;
+    var o: array<u32, 8>;
+    for (var j = 0u; j < 8u; j++) {
+        o[j] = select(select(c[j], c[j + 1u], one), select(c[j + 2u], c[j + 3u], one), two);
+    }
+    return o;
+}
+
+// Field k of a run of 2-byte fields from byte `b` (`run_words(b, 2, ..)` is `w`), in
+// the low half of the result: half (b / 2 + k) % 2 of word (b % 4 / 2 + k) / 2.
+fn run_half(w: array<u32, 8>, b: u32, k: u32) -> u32 {
+    let odd = (b & 2u) != 0u;
+    let word = select(w[k / 2u], w[(k + 1u) / 2u], odd);
+    return word >> (((k + u32(odd)) & 1u) * 16u);
+}

@@ -103,6 +103,20 @@ fn pair_dot(row_byte: u32, a: Slot, b: Slot) -> f32 {
     return a.on * wdot64_pre(row_byte, a.c / 2u, a.x, b.x, a.xs, b.xs);
 }
 
+// With FIELDS (region `fields`: the planar types, on lanes that hold runs of
+// consecutive chunks, or Q8_0's strided chunks on at most four lanes per row), a single
+// token's lane reads the small fields (scales, fifth bits) of all its slots once per
+// row, from the texels that hold them (`run_fields`, common/bytes.wgsl's `run_words`),
+// where each chunk's dot fetched a texel per field. A slot past the row reads fields
+// past the lane's: its dot is dropped by a select, not a multiply by 0.
+override FIELDS: bool = false;
+
+// @begin fields
+fn run_dot(rb: u32, s: Slot, k: u32, f: RunFields) -> f32 {
+    return select(0.0, wdot32_run(rb, s.c, k, s.x, s.xs, f), s.on != 0.0);
+}
+// @end fields
+
 // Row `rb` dotted with a lane's slots. Every line of slot k > 0 ends in a `@slot k`
 // mark: the host drops the lines of the slots past SLOTS from the source before
 // compiling it (`gpu::shaders::keep_slots`), so the driver never sees them. (WGSL has
@@ -122,6 +136,18 @@ fn row_dot(
         w += pair_dot(rb, s4, s5); // @slot 5
         return w; // @slot 1
     }
+    // @begin fields
+    if (FIELDS) {
+        let f = run_fields(rb, s0.c, SLOTS, row_lanes());
+        var u = run_dot(rb, s0, 0u, f);
+        u += run_dot(rb, s1, 1u, f); // @slot 1
+        u += run_dot(rb, s2, 2u, f); // @slot 2
+        u += run_dot(rb, s3, 3u, f); // @slot 3
+        u += run_dot(rb, s4, 4u, f); // @slot 4
+        u += run_dot(rb, s5, 5u, f); // @slot 5
+        return u;
+    }
+    // @end fields
     var v = slot_dot(rb, s0);
     v += slot_dot(rb, s1); // @slot 1
     v += slot_dot(rb, s2); // @slot 2

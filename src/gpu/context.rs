@@ -33,6 +33,11 @@ pub struct DeviceOptions {
     /// subgroup's lanes, even where rows on fewer lanes each would keep more of them
     /// busy (`ops::mul_mat::ks1_shape`; tests run both paths on one adapter).
     pub one_row_at_a_time: bool,
+    /// Single-token `mul_mat_ks1` products read a lane's run of chunks' small fields
+    /// (scales, fifth bits) once per row (`Some(true)`), or each chunk's with a load
+    /// of its own (`Some(false)`); `None`: on CPU-hosted drivers only
+    /// ([`GpuContext::field_runs`]; tests run both paths on one adapter).
+    pub field_runs: Option<bool>,
     /// Aim for about this many workgroups per single-token `mul_mat_ks1` product on
     /// CPU-hosted drivers, instead of one per driver thread (`ops::mul_mat::ks1_rows`;
     /// the bench compares counts in one process).
@@ -225,6 +230,12 @@ pub struct GpuContext {
     pub workgroup_reductions: bool,
     /// [`DeviceOptions::one_row_at_a_time`].
     pub one_row_at_a_time: bool,
+    /// Whether single-token `mul_mat_ks1` products read a lane's run of small fields
+    /// once per row ([`DeviceOptions::field_runs`]). By default on CPU-hosted drivers,
+    /// where every field read fetches a whole texel for a lane, at about 22 of the
+    /// driver's instructions each (docs/perf.md); a GPU's cached loads of 4 bytes are
+    /// cheap, and there the selects that pick a run's fields were not measured.
+    pub field_runs: bool,
     /// [`DeviceOptions::ks1_groups`].
     pub ks1_groups: Option<u32>,
     /// [`DeviceOptions::ks1_max_rows`].
@@ -528,6 +539,9 @@ impl GpuContext {
         let chains_here = chains_here(opts, &info, has_subgroups)?;
         let huge_pages = super::huge_pages::wanted(info.device_type)?;
         let pins_threads = super::pin::wanted(info.device_type)?;
+        let field_runs = opts
+            .field_runs
+            .unwrap_or(info.device_type == wgpu::DeviceType::Cpu);
         Ok(GpuContext {
             unused_output,
             forced_weights,
@@ -545,6 +559,7 @@ impl GpuContext {
             has_timestamps,
             workgroup_reductions: opts.workgroup_reductions,
             one_row_at_a_time: opts.one_row_at_a_time,
+            field_runs,
             ks1_groups: opts.ks1_groups,
             ks1_max_rows: opts.ks1_max_rows,
             forced_mul_mat: opts.mul_mat.clone(),

@@ -448,6 +448,13 @@ pub fn pair_decoder(ty: GgmlType) -> Option<&'static [&'static str]> {
     })
 }
 
+/// Whether `ty`'s decoder reads a lane's chunks' small fields once per row
+/// (`run_fields` and `wdot32_run`, for `mul_mat_ks1`'s `FIELDS`): the planar types
+/// (Q4_0, Q4_1, Q5_0, Q5_1 on runs of chunks, Q8_0 on strided ones).
+pub fn has_run_fields(ty: GgmlType) -> bool {
+    decoder(ty).is_some_and(|d| d.iter().any(|part| part.contains("fn wdot32_run(")))
+}
+
 fn join(parts: &[&str]) -> String {
     parts.join("\n")
 }
@@ -644,6 +651,10 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
             ];
             for (label, src) in forms {
                 let Ok(src) = src else { continue };
+                // The region `fields` is kept for the types that read their small fields
+                // once per row, and built without it too.
+                let fields = keep_regions(&src, "fields", true);
+                let src = keep_regions(&src, "fields", false);
                 // Only `mul_mat_ks1nr` keeps the RoPE at its end, with and without the
                 // kept textures.
                 let src = keep_regions(&src, "rope", is_rope_build(name));
@@ -651,9 +662,14 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                     out.push((format!("{label}_kvtex"), src.clone()));
                 }
                 let src = keep_regions(&src, "tex", false);
+                let fields = keep_regions(&keep_regions(&fields, "rope", false), "tex", false);
                 // `mul_mat_ks1` as it is built for each count of slots.
                 if name.starts_with("mul_mat_ks1") {
                     for slots in 1..6 {
+                        if has_run_fields(ty) {
+                            let kept = keep_slots(&fields, slots);
+                            out.push((format!("{label}_slots{slots}_fields"), kept));
+                        }
                         let kept = keep_slots(&src, slots);
                         // `mul_mat_ks1i`'s tiles of four and of eight, each alone.
                         if name.starts_with("mul_mat_ks1i") {
@@ -663,6 +679,9 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                             }
                         }
                         out.push((format!("{label}_slots{slots}"), kept));
+                    }
+                    if has_run_fields(ty) {
+                        out.push((format!("{label}_fields"), fields));
                     }
                 }
                 out.push((label, src));

@@ -50,7 +50,8 @@ pub struct ModelArgs {
     /// A second engine beside the first with one GPU setting changed, their steps
     /// interleaved in this process: `mul-mat=VARIANT` (as `WGLLM_MUL_MAT`),
     /// `weights=buffer|texture`, `no-f16`, `no-subgroups`, `workgroup-reductions`,
-    /// `one-row-at-a-time`, `ks1-groups=N`, `ks1-max-rows=N` or `chains=on|off`.
+    /// `one-row-at-a-time`, `ks1-groups=N`, `ks1-max-rows=N`, `chains=on|off` or
+    /// `field-runs=on|off`.
     #[arg(long, value_name = "SETTING")]
     versus: Option<String>,
     #[arg(long)]
@@ -102,26 +103,28 @@ fn versus_options(setting: &str, opts: &DeviceOptions) -> Result<DeviceOptions> 
         ("one-row-at-a-time", None) => o.one_row_at_a_time = true,
         ("ks1-groups", Some(v)) => o.ks1_groups = Some(count(key, v)?),
         ("ks1-max-rows", Some(v)) => o.ks1_max_rows = Some(count(key, v)?),
-        ("chains", Some(v)) => {
-            o.chains = Some(match v {
-                "on" => true,
-                "off" => false,
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "--versus chains={v}: expected on or off"
-                    )))
-                }
-            })
-        }
+        ("chains", Some(v)) => o.chains = Some(on_off(key, v)?),
+        ("field-runs", Some(v)) => o.field_runs = Some(on_off(key, v)?),
         _ => {
             return Err(Error::invalid(format!(
                 "--versus {setting}: expected mul-mat=VARIANT, weights=buffer|texture, \
                  no-f16, no-subgroups, workgroup-reductions, one-row-at-a-time, \
-                 ks1-groups=N, ks1-max-rows=N or chains=on|off"
+                 ks1-groups=N, ks1-max-rows=N, chains=on|off or field-runs=on|off"
             )))
         }
     }
     Ok(o)
+}
+
+/// A `--versus` switch's value: `on` or `off`.
+fn on_off(key: &str, v: &str) -> Result<bool> {
+    match v {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(Error::invalid(format!(
+            "--versus {key}={v}: expected on or off"
+        ))),
+    }
 }
 
 /// A `--versus` setting's count, above 0.

@@ -28,3 +28,21 @@ fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let s = nibbles_dot(wq((row_byte >> 4u) + c), xp);
     return (s - 8.0 * xs) * q4_0_d(row_byte, c);
 }
+
+// A lane's run of chunks from c0 (`FIELDS` in ops/mul_mat_ks1.wgsl): their d words,
+// read once per row (`run_words`), and the byte of the run's first d.
+struct RunFields {
+    d: array<u32, 8>,
+    b: u32,
+}
+
+fn run_fields(row_byte: u32, c0: u32, slots: u32, lanes: u32) -> RunFields {
+    let b = plane(row_byte, 32u, 16u) + c0 * 2u;
+    return RunFields(run_words(b, 2u, slots), b);
+}
+
+// `wdot32_pre` of chunk c, the run's k-th, its d from the run's fields.
+fn wdot32_run(row_byte: u32, c: u32, k: u32, xp: array<vec4<f32>, 8>, xs: f32, f: RunFields) -> f32 {
+    let s = nibbles_dot(wq((row_byte >> 4u) + c), xp);
+    return (s - 8.0 * xs) * unpack2x16float(run_half(f.d, f.b, k)).x;
+}

@@ -33,3 +33,23 @@ fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let s = q5_dot(wq((row_byte >> 4u) + c), q5_0_qh(row_byte, c), xp);
     return (s - 16.0 * xs) * q5_0_d(row_byte, c);
 }
+
+// A lane's run of chunks from c0 (`FIELDS` in ops/mul_mat_ks1.wgsl): their qh and d
+// words, read once per row (`run_words`), and the byte of the run's first d.
+struct RunFields {
+    qh: array<u32, 8>,
+    d: array<u32, 8>,
+    b: u32,
+}
+
+fn run_fields(row_byte: u32, c0: u32, slots: u32, lanes: u32) -> RunFields {
+    let b = plane(row_byte, 32u, 20u) + c0 * 2u;
+    let qh = run_words(plane(row_byte, 32u, 16u) + c0 * 4u, 4u, slots);
+    return RunFields(qh, run_words(b, 2u, slots), b);
+}
+
+// `wdot32_pre` of chunk c, the run's k-th, its qh and d from the run's fields.
+fn wdot32_run(row_byte: u32, c: u32, k: u32, xp: array<vec4<f32>, 8>, xs: f32, f: RunFields) -> f32 {
+    let s = q5_dot(wq((row_byte >> 4u) + c), f.qh[k], xp);
+    return (s - 16.0 * xs) * unpack2x16float(run_half(f.d, f.b, k)).x;
+}

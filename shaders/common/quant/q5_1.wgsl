@@ -34,3 +34,22 @@ fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
     let dm = q5_1_dm(row_byte, c);
     return s * dm.x + xs * dm.y;
 }
+
+// A lane's run of chunks from c0 (`FIELDS` in ops/mul_mat_ks1.wgsl): their qh and
+// (d, m) words, read once per row (`run_words`).
+struct RunFields {
+    qh: array<u32, 8>,
+    dm: array<u32, 8>,
+}
+
+fn run_fields(row_byte: u32, c0: u32, slots: u32, lanes: u32) -> RunFields {
+    let qh = run_words(plane(row_byte, 32u, 16u) + c0 * 4u, 4u, slots);
+    return RunFields(qh, run_words(plane(row_byte, 32u, 20u) + c0 * 4u, 4u, slots));
+}
+
+// `wdot32_pre` of chunk c, the run's k-th, its qh and (d, m) from the run's fields.
+fn wdot32_run(row_byte: u32, c: u32, k: u32, xp: array<vec4<f32>, 8>, xs: f32, f: RunFields) -> f32 {
+    let s = q5_dot(wq((row_byte >> 4u) + c), f.qh[k], xp);
+    let dm = unpack2x16float(f.dm[k]);
+    return s * dm.x + xs * dm.y;
+}

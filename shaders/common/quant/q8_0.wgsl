@@ -27,10 +27,53 @@ fn x_pre(xc: array<vec4<f32>, 8>, c: u32) -> array<vec4<f32>, 8> {
 }
 
 fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
+    return (q8_0_sum(row_byte, c, xp) - 128.0 * xs) * q8_0_d(row_byte, c);
+}
+
+// sum_j (q_j + 128) x_j over chunk c, on activations from `x_pre`.
+fn q8_0_sum(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>) -> f32 {
     let q = wq8((row_byte >> 4u) + c * 2u);
     var s = 0.0;
     for (var k = 0u; k < 8u; k++) {
         s += dot(bytes_placed(q[k]), xp[k]);
     }
-    return (s - 128.0 * xs) * q8_0_d(row_byte, c);
+    return s;
+}
+
+// A lane's slots' d (`FIELDS` in ops/mul_mat_ks1.wgsl), each in the low half of its
+// word. Q8_0's lanes hold strided chunks (c0, c0 + lanes, ..: `RUNS` off), so all of
+// a row's lanes read the same texels of its d plane, as many as the row's slots span
+// (`slots` x `lanes` chunks of 2 bytes), where each chunk's dot fetched one: fewer where
+// a row has at most four lanes (`mul_mat::ks1_shape`'s two or four rows on a subgroup),
+// the case the host builds it for. Slot k's d is then in word k lanes / 2 or the next,
+// as lane c0's c0 & 2 says, in its half c0 & 1.
+struct RunFields {
+    d: array<u32, 6>,
+}
+
+fn run_fields(row_byte: u32, c0: u32, slots: u32, lanes: u32) -> RunFields {
+    let t = plane(row_byte, 32u, 32u) >> 4u;
+    let a = wq(t);
+    var b = vec4<u32>();
+    var e = vec4<u32>();
+    if (slots * lanes > 8u) {
+        b = wq(t + 1u);
+    }
+    if (slots * lanes > 16u) {
+        e = wq(t + 2u);
+    }
+    let w = array<u32, 12>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, e.x, e.y, e.z, e.w);
+    let next = (c0 & 2u) != 0u;
+    let half = (c0 & 1u) * 16u;
+    var d: array<u32, 6>;
+    for (var k = 0u; k < 6u; k++) {
+        let i = min(k * lanes / 2u, 10u);
+        d[k] = select(w[i], w[i + 1u], next) >> half;
+    }
+    return RunFields(d);
+}
+
+// `wdot32_pre` of chunk c, the lane's k-th, its d from the lane's fields.
+fn wdot32_run(row_byte: u32, c: u32, k: u32, xp: array<vec4<f32>, 8>, xs: f32, f: RunFields) -> f32 {
+    return (q8_0_sum(row_byte, c, xp) - 128.0 * xs) * unpack2x16float(f.d[k]).x;
 }

@@ -81,6 +81,20 @@ fn ks1_pairs(ty: GgmlType, k: Ks1) -> bool {
     ks_paired(ty) && k.tile == 1 && k.slots % 2 == 0 && ks_runs(ty)
 }
 
+/// Whether a single-token `mul_mat_ks1` build of `ty` reads each lane's small fields
+/// once per row (`FIELDS`, region `fields`): types whose decoder can
+/// ([`crate::gpu::shaders::has_run_fields`]), where the device reads fields so
+/// ([`GpuContext::field_runs`]). On lanes that hold runs of chunks ([`ks_runs`]) a
+/// lane's fields lie together; Q8_0's strided lanes read the texels their row's slots
+/// span, fewer than one per slot where a row has at most four lanes.
+fn ks1_fields(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> bool {
+    let row_lanes = ctx.subgroup_min_size / k.groups.max(1);
+    ctx.field_runs
+        && k.tile == 1
+        && crate::gpu::shaders::has_run_fields(ty)
+        && (ks_runs(ty) || row_lanes <= 4)
+}
+
 /// How `mul_mat_ks1nr` is built.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct RopeBuild {
@@ -159,6 +173,9 @@ pub(super) fn kernel_pipeline(
             if ks1_pairs(ty, k) {
                 c.push(("PAIRS", 1.0));
             }
+            if ks1_fields(ctx, ty, k) {
+                c.push(("FIELDS", 1.0));
+            }
             if k.plain && k.tile == 1 {
                 c.push(("GLU", 0.0));
                 if fused {
@@ -211,6 +228,7 @@ pub(super) fn kernel_pipeline(
                 let src = crate::gpu::shaders::keep_regions(&src, "rope", rope.is_some());
                 let src =
                     crate::gpu::shaders::keep_regions(&src, "tex", rope.is_some_and(|r| r.tex));
+                let src = crate::gpu::shaders::keep_regions(&src, "fields", ks1_fields(ctx, ty, k));
                 let src = crate::gpu::shaders::keep_slots(&src, k.slots);
                 let src = crate::gpu::shaders::keep_regions(&src, "tile4", k.tile != 8);
                 crate::gpu::shaders::keep_regions(&src, "tile8", k.tile == 8)
