@@ -551,9 +551,12 @@ fn variants_small_block_types() {
                 // as keep the most lanes busy (`mul_mat::ks1_shape`): 32 and 160
                 // columns four rows at once, 96 and 576 two (five chunks on four lanes
                 // each), 768 one (three chunks fill every lane), four at 800, six at
-                // 1536 (full); 1568 run `ks` itself. Batches of two to four run
-                // `ks`'s build without tiles, and `mul_mat_ks1`'s single-token build
-                // alone (three tokens: no whole tile of four).
+                // 1536 (full), seven at 1568 and eight at 2048, whose batches run the
+                // single-token build below five tokens (four: one whole tile) and `ks`
+                // from five;
+                // 2080 run `ks` itself. Batches of two to four run `ks`'s build without
+                // tiles, and `mul_mat_ks1`'s single-token build alone (three tokens: no
+                // whole tile of four).
                 for (rows, cols, toks) in [
                     (1, 32, 1),
                     (67, 96, 1),
@@ -565,6 +568,10 @@ fn variants_small_block_types() {
                     (33, 1536, 1),
                     (33, 1568, 1),
                     (33, 1568, 4),
+                    (33, 2048, 1),
+                    (33, 2048, 4),
+                    (19, 2048, 9),
+                    (9, 2080, 1),
                 ] {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }
@@ -593,7 +600,7 @@ fn variants_small_block_types() {
 /// Single tokens of the planar types whose `mul_mat_ks1` lanes read their small fields
 /// once per row (`DeviceOptions::field_runs`, on by default on CPU-hosted drivers),
 /// and each chunk's fields alone, on every adapter: every count of slots per lane (one
-/// to six), runs that start at either half of a word and at every word of a texel, a
+/// to eight), runs that start at either half of a word and at every word of a texel, a
 /// run of six 4-byte fields that reaches a third texel, and one, two and four rows on a
 /// subgroup at once (`mul_mat::ks1_shape`); for Q8_0's strided lanes, rows of two and
 /// four lanes whose slots span one to three texels (32 to 576 columns), and rows of
@@ -621,9 +628,9 @@ fn small_fields_in_runs_and_per_chunk() {
                 assert!(wgllm::gpu::shaders::has_run_fields(ty), "{ty}");
                 // Chunks per row: 1, 3, 5 (three slots on two lanes), 10 (five on
                 // two), 11 (three on four), 15 (two on eight), 16 (two on eight), 18 (five on four), 25 (four on eight), 39
-                // (five on eight), 41 and 48 (six on eight). At 41, Q5_1's (d, m) plane
-                // starts 4 bytes into a texel, and odd lanes' runs 12 bytes in reach a
-                // third.
+                // (five on eight), 41 and 48 (six on eight), 55 (seven) and 64
+                // (eight). At 41 and 55, Q5_1's (d, m) plane starts 4 and 12 bytes into
+                // a texel, and runs of six and seven from 12 bytes in reach a third.
                 for (rows, cols) in [
                     (9, 32),
                     (67, 96),
@@ -637,6 +644,8 @@ fn small_fields_in_runs_and_per_chunk() {
                     (33, 1248),
                     (33, 1312),
                     (33, 1536),
+                    (33, 1760),
+                    (17, 2048),
                 ] {
                     for v in [Variant::Ks, Variant::KsU]
                         .into_iter()
@@ -657,9 +666,11 @@ fn variants_k_quants() {
     for ctx in contexts() {
         for v in variants(ctx) {
             for ty in GPU_TYPES.into_iter().filter(|t| t.block_size() == 256) {
-                // Single tokens of up to 1536 columns run `mul_mat_ks1` in `ks` on
-                // 8-lane subgroups (not Q6_K): one chunk per lane at 256 columns, three
-                // at 768, four at 1024, six at 1536; 2048 run `ks` itself.
+                // Single tokens of up to 2048 columns run `mul_mat_ks1` in `ks` on
+                // 8-lane subgroups: one chunk per lane at 256 columns, three at 768,
+                // four at 1024, six at 1536, eight at 2048 (in pairs; batches below
+                // five tokens there too, from five in `ks`); 1792 (seven, no pairs) and
+                // 2304 run `ks` itself.
                 for (rows, cols, toks) in [
                     (1, 256, 1),
                     (67, 512, 5),
@@ -669,6 +680,9 @@ fn variants_k_quants() {
                     (67, 1024, 1),
                     (33, 1536, 1),
                     (33, 2048, 1),
+                    (17, 2048, 4),
+                    (33, 1792, 1),
+                    (9, 2304, 1),
                 ] {
                     check(ctx, v, ty, rows, cols, toks, Columns::All);
                 }

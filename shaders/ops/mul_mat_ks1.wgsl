@@ -1,8 +1,8 @@
 // mul_mat for one token at a time (or four, with TILE), on rows short enough that one
 // subgroup holds all of a row's activations in registers: each of the WG lanes holds
-// SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it for rows of at most 6 * WG
-// chunks; the K-quants' single tokens dot a lane's chunks in pairs where it holds an
-// even count, `PAIRS`). A workgroup is one subgroup owning ROWS consecutive rows; per
+// SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it for single tokens on rows of
+// at most 8 * WG chunks, and batches of at most 6 * WG; the K-quants' single tokens
+// dot a lane's chunks in pairs where it holds an even count, `PAIRS`). A workgroup is one subgroup owning ROWS consecutive rows; per
 // row, each lane dots its chunks, `subgroupAdd` gives the row's sum, and lane j keeps
 // row i0 + j's so that the lanes store WG rows at once.
 //
@@ -40,6 +40,10 @@
 
 // Batches in tiles of four tokens (above); without it, tokens one at a time.
 override TILE: bool = false;
+// Without TILE: whether a batch's whole tiles are left to the tile build (run only the
+// tokens past them), or every token runs here (rows too long for the tile builds,
+// `ops::mul_mat::ks1_batches_fit`).
+override TAILS: bool = true;
 
 // One of a lane's chunks: its index, 1 or 0 for a lane past the row's end (which
 // dots the last chunk again and drops it), its activations as the weight type's
@@ -129,11 +133,14 @@ fn row_dot(
     s3: Slot, // @slot 3
     s4: Slot, // @slot 4
     s5: Slot, // @slot 5
+    s6: Slot, // @slot 6
+    s7: Slot, // @slot 7
 ) -> f32 {
     if (PAIRS) {
         var w = pair_dot(rb, s0, s1); // @slot 1
         w += pair_dot(rb, s2, s3); // @slot 3
         w += pair_dot(rb, s4, s5); // @slot 5
+        w += pair_dot(rb, s6, s7); // @slot 7
         return w; // @slot 1
     }
     // @begin fields
@@ -145,6 +152,8 @@ fn row_dot(
         u += run_dot(rb, s3, 3u, f); // @slot 3
         u += run_dot(rb, s4, 4u, f); // @slot 4
         u += run_dot(rb, s5, 5u, f); // @slot 5
+        u += run_dot(rb, s6, 6u, f); // @slot 6
+        u += run_dot(rb, s7, 7u, f); // @slot 7
         return u;
     }
     // @end fields
@@ -154,6 +163,8 @@ fn row_dot(
     v += slot_dot(rb, s3); // @slot 3
     v += slot_dot(rb, s4); // @slot 4
     v += slot_dot(rb, s5); // @slot 5
+    v += slot_dot(rb, s6); // @slot 6
+    v += slot_dot(rb, s7); // @slot 7
     return v;
 }
 
@@ -165,6 +176,8 @@ fn row_dot4(
     s3: Slot4, // @slot 3
     s4: Slot4, // @slot 4
     s5: Slot4, // @slot 5
+    s6: Slot4, // @slot 6
+    s7: Slot4, // @slot 7
 ) -> vec4<f32> {
     var v = slot4_dot(rb, s0);
     v += slot4_dot(rb, s1); // @slot 1
@@ -172,6 +185,8 @@ fn row_dot4(
     v += slot4_dot(rb, s3); // @slot 3
     v += slot4_dot(rb, s4); // @slot 4
     v += slot4_dot(rb, s5); // @slot 5
+    v += slot4_dot(rb, s6); // @slot 6
+    v += slot4_dot(rb, s7); // @slot 7
     return v;
 }
 
@@ -232,6 +247,8 @@ fn main(
         let s3 = slot4(first, t, 3u, l, n_chunks, inv); // @slot 3
         let s4 = slot4(first, t, 4u, l, n_chunks, inv); // @slot 4
         let s5 = slot4(first, t, 5u, l, n_chunks, inv); // @slot 5
+        let s6 = slot4(first, t, 6u, l, n_chunks, inv); // @slot 6
+        let s7 = slot4(first, t, 7u, l, n_chunks, inv); // @slot 7
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = vec4<f32>();
             for (var j = 0u; j < min(WG, nr - i0); j++) {
@@ -243,6 +260,8 @@ fn main(
                     s3, // @slot 3
                     s4, // @slot 4
                     s5, // @slot 5
+                    s6, // @slot 6
+                    s7, // @slot 7
                 );
                 mine = select(mine, lane_sum4(v), l == j);
             }
@@ -255,11 +274,12 @@ fn main(
             }
         }
     }
-    // Single tokens; in a batch, the one to three its whole tiles leave. The tile build
-    // runs the tiles in a dispatch of its own and leaves this loop out: with it, the
-    // build took lavapipe 1.3-2x as long to create (docs/perf.md).
+    // Single tokens; in a batch, the one to three its whole tiles leave (every token
+    // without TAILS). The tile build runs the tiles in a dispatch of its own and leaves
+    // this loop out: with it, the build took lavapipe 1.3-2x as long to create
+    // (docs/perf.md).
     let span = select(0u, n_out - t, n_out > t);
-    for (t += span / 4u * 4u; !TILE && t < n_out; t++) {
+    for (t += select(0u, span / 4u * 4u, TAILS); !TILE && t < n_out; t++) {
         let inv = norm_inv(first, t, l, n_chunks);
         let s0 = slot(first, t, 0u, l, n_chunks, inv);
         let s1 = slot(first, t, 1u, l, n_chunks, inv); // @slot 1
@@ -267,6 +287,8 @@ fn main(
         let s3 = slot(first, t, 3u, l, n_chunks, inv); // @slot 3
         let s4 = slot(first, t, 4u, l, n_chunks, inv); // @slot 4
         let s5 = slot(first, t, 5u, l, n_chunks, inv); // @slot 5
+        let s6 = slot(first, t, 6u, l, n_chunks, inv); // @slot 6
+        let s7 = slot(first, t, 7u, l, n_chunks, inv); // @slot 7
         var gate = 0.0;
         let group = l / row_lanes();
         for (var i0 = 0u; i0 < nr; i0 += WG) {
@@ -281,6 +303,8 @@ fn main(
                     s3, // @slot 3
                     s4, // @slot 4
                     s5, // @slot 5
+                    s6, // @slot 6
+                    s7, // @slot 7
                 );
                 // Lane j + g keeps row i0 + j + g's sum: group g's lanes'.
                 for (var g = 0u; g < GROUPS; g++) {

@@ -665,7 +665,7 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                 let fields = keep_regions(&keep_regions(&fields, "rope", false), "tex", false);
                 // `mul_mat_ks1` as it is built for each count of slots.
                 if name.starts_with("mul_mat_ks1") {
-                    for slots in 1..6 {
+                    for slots in 1..8 {
                         if has_run_fields(ty) {
                             let kept = keep_slots(&fields, slots);
                             out.push((format!("{label}_slots{slots}_fields"), kept));

@@ -43,12 +43,12 @@ fn q8_0_sum(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>) -> f32 {
 // A lane's slots' d (`FIELDS` in ops/mul_mat_ks1.wgsl), each in the low half of its
 // word. Q8_0's lanes hold strided chunks (c0, c0 + lanes, ..: `RUNS` off), so all of
 // a row's lanes read the same texels of its d plane, as many as the row's slots span
-// (`slots` x `lanes` chunks of 2 bytes), where each chunk's dot fetched one: fewer where
-// a row has at most four lanes (`mul_mat::ks1_shape`'s two or four rows on a subgroup),
-// the case the host builds it for. Slot k's d is then in word k lanes / 2 or the next,
+// (`slots` x `lanes` chunks of 2 bytes, at most three texels), where each chunk's dot
+// fetched one: fewer where a row has at most four lanes (`mul_mat::ks1_shape`'s two or
+// four rows on a subgroup), the case the host builds it for. Slot k's d is then in word k lanes / 2 or the next,
 // as lane c0's c0 & 2 says, in its half c0 & 1.
 struct RunFields {
-    d: array<u32, 6>,
+    d: array<u32, 8>,
 }
 
 fn run_fields(row_byte: u32, c0: u32, slots: u32, lanes: u32) -> RunFields {
@@ -65,8 +65,8 @@ fn run_fields(row_byte: u32, c0: u32, slots: u32, lanes: u32) -> RunFields {
     let w = array<u32, 12>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, e.x, e.y, e.z, e.w);
     let next = (c0 & 2u) != 0u;
     let half = (c0 & 1u) * 16u;
-    var d: array<u32, 6>;
-    for (var k = 0u; k < 6u; k++) {
+    var d: array<u32, 8>;
+    for (var k = 0u; k < 8u; k++) {
         let i = min(k * lanes / 2u, 10u);
         d[k] = select(w[i], w[i + 1u], next) >> half;
     }

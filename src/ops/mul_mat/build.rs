@@ -67,6 +67,11 @@ pub(super) struct Ks1 {
     /// The single-token build that ends with RoPE and the cache append
     /// (`mul_mat_ks1nr`, [`gpu_qkv_rope`]).
     pub(super) rope: Option<RopeBuild>,
+    /// A single-token build that runs every token of its steps one at a time
+    /// (`TAILS` off), for rows too long for the tile builds ([`ks1_batches_fit`]):
+    /// otherwise it runs only the tokens a batch's whole tiles leave, the tile build
+    /// the rest.
+    pub(super) every_token: bool,
     /// A single-token build for plain products (one output, no GLU store,
     /// [`Outputs::is_plain`]): built with `FUSED` and `GLU` off, so that its store
     /// has one case. Ignored by the tile builds.
@@ -86,13 +91,13 @@ fn ks1_pairs(ty: GgmlType, k: Ks1) -> bool {
 /// ([`crate::gpu::shaders::has_run_fields`]), where the device reads fields so
 /// ([`GpuContext::field_runs`]). On lanes that hold runs of chunks ([`ks_runs`]) a
 /// lane's fields lie together; Q8_0's strided lanes read the texels their row's slots
-/// span, fewer than one per slot where a row has at most four lanes.
+/// span (at most three), fewer than one per slot where a row has at most four lanes.
 fn ks1_fields(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> bool {
     let row_lanes = ctx.subgroup_min_size / k.groups.max(1);
     ctx.field_runs
         && k.tile == 1
         && crate::gpu::shaders::has_run_fields(ty)
-        && (ks_runs(ty) || row_lanes <= 4)
+        && (ks_runs(ty) || (row_lanes <= 4 && k.slots * row_lanes <= 24))
 }
 
 /// How `mul_mat_ks1nr` is built.
@@ -175,6 +180,9 @@ pub(super) fn kernel_pipeline(
             }
             if ks1_fields(ctx, ty, k) {
                 c.push(("FIELDS", 1.0));
+            }
+            if k.every_token && k.tile == 1 {
+                c.push(("TAILS", 0.0));
             }
             if k.plain && k.tile == 1 {
                 c.push(("GLU", 0.0));

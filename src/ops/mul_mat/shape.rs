@@ -241,7 +241,7 @@ pub(super) const KS_TILE_MIN: u32 = 5;
 /// (`SLOTS` in mul_mat_ks1.wgsl): the fewest that cover the row, as every lane dots all
 /// its slots on every row (1.2-1.5x on 1024 columns at four slots against six, 1.1-1.8x
 /// on 512 at two against three, docs/perf.md); 0 where the row is longer than
-/// six chunks per lane.
+/// [`KS1_MAX_SLOTS`] chunks per lane.
 pub(super) fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
     match n_chunks.div_ceil(ctx.subgroup_min_size.max(1) as u64) {
         s @ 1..=KS1_MAX_SLOTS => s as u32,
@@ -249,8 +249,16 @@ pub(super) fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
     }
 }
 
-/// Most chunks a lane of `mul_mat_ks1` holds (the `@slot` lines of mul_mat_ks1.wgsl).
-const KS1_MAX_SLOTS: u64 = 6;
+/// Most chunks a lane of `mul_mat_ks1`'s single-token build holds (the `@slot` lines
+/// of mul_mat_ks1.wgsl). At eight (2048 columns on 8-lane subgroups) single tokens ran
+/// 1.2-1.75x faster than in `ks` on lavapipe (Q5_0, Q8_0, Q4_K; Q6_K in pairs about
+/// even), and Gemma 3's decode 1.03-1.05x (its Q6_K `ffn_down`, docs/perf.md).
+const KS1_MAX_SLOTS: u64 = 8;
+
+/// Most chunks a lane of `mul_mat_ks1`'s batch builds holds (`mul_mat_ks1i` has six
+/// `@slot` lines): each slot holds a tile's tokens, and past six the batches of longer
+/// rows run `ks` ([`ks1_batches_fit`]).
+const KS1_BATCH_MAX_SLOTS: u32 = 6;
 
 /// Rows a single token's subgroup of `mul_mat_ks1` dots at once, and the chunks each
 /// lane then holds (`GROUPS` and `SLOTS` in common/ks1_lanes.wgsl), for rows of
@@ -284,9 +292,8 @@ pub(super) fn ks_paired(ty: GgmlType) -> bool {
     matches!(ty, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)
 }
 
-/// Whether single tokens of a `Ks` or `KsU` product on rows of `n_cols` elements run
-/// `mul_mat_ks1`, whatever the weight type: rows whose activations the subgroup holds
-/// in registers.
+/// Whether single tokens of a `Ks` or `KsU` product of `ty` on rows of `n_cols`
+/// elements run `mul_mat_ks1`: rows whose activations the subgroup holds in registers.
 /// Measured on lavapipe, batch 1 (docs/perf.md): 1.4-2x on long stacks of three-chunk
 /// rows, 1.3-1.6x on 1536 columns with six; Q4_K and Q5_K, one chunk per slot though
 /// neighbouring chunks share words, 1.15-1.7x at 512-1536 columns, and 1.24-1.53x more
@@ -294,8 +301,20 @@ pub(super) fn ks_paired(ty: GgmlType) -> bool {
 /// (four in a pair), gained nothing there one chunk at a time; in pairs it runs single
 /// tokens 1.17-1.25x and batches of 16 and 64 (the float tiles) 1.1-1.35x faster than
 /// in `ks`.
-pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, n_cols: u64) -> bool {
-    matches!(v, Variant::Ks | Variant::KsU) && ks1_slots(ctx, n_cols / 32) > 0
+/// Past [`KS1_BATCH_MAX_SLOTS`], the K-quants only on an even count of slots, in
+/// pairs: seven one at a time ran no faster than `ks` (docs/perf.md).
+pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
+    let slots = ks1_slots(ctx, n_cols / 32);
+    let paired = !ks_paired(ty) || slots % 2 == 0;
+    matches!(v, Variant::Ks | Variant::KsU) && slots > 0 && (slots <= KS1_BATCH_MAX_SLOTS || paired)
+}
+
+/// Whether batches of such a product run `mul_mat_ks1`'s tile builds too (or
+/// `mul_mat_ks1i`): rows of at most [`KS1_BATCH_MAX_SLOTS`] chunks per lane. Longer
+/// rows that [`ks1_fits`] run only their single tokens there, their batches in `ks`.
+pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, n_cols: u64) -> bool {
+    matches!(v, Variant::Ks | Variant::KsU)
+        && (1..=KS1_BATCH_MAX_SLOTS).contains(&ks1_slots(ctx, n_cols / 32))
 }
 
 /// Whether batches of a `Ks` product of `ty` that [`ks1_fits`] run `mul_mat_ks1i`,

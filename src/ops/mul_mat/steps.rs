@@ -156,7 +156,7 @@ fn kernels_compiled(
     (cols, normed, plain): (Columns, bool, bool),
     ones: Compile,
 ) -> Result<Vec<Kernel>> {
-    if !ks1_fits(ctx, v, n_cols) {
+    if !ks1_fits(ctx, v, ty, n_cols) {
         if normed {
             return Err(Error::Unsupported(format!(
                 "a norm folded into a {} {ty} product of {n_cols} columns",
@@ -207,6 +207,10 @@ fn kernels_compiled(
         ]);
     }
     let (groups, slots) = ks1_shape(ctx, n_cols / 32);
+    // Rows too long for the tile builds: `Ks`'s batches of fewer than `KS_TILE_MIN`
+    // tokens run the single-token build too, so that a short prompt compiles no
+    // other build (on lavapipe, 0.1 s and 15 MiB more at Gemma 3's start, docs/perf.md).
+    let every_token = v == Variant::Ks && !ks1_batches_fit(ctx, v, n_cols);
     let one = Ks1 {
         slots,
         groups,
@@ -214,6 +218,7 @@ fn kernels_compiled(
         tile: 1,
         rope: None,
         plain,
+        every_token,
     };
     let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), ones))?;
     let single = |steps| Kernel {
@@ -224,6 +229,12 @@ fn kernels_compiled(
         return Ok(vec![single(Steps::One)]);
     }
     Ok(match v {
+        // Rows too long for the tile builds: the single-token build runs batches below
+        // `ks`'s tiles, `ks` the others.
+        Variant::Ks if every_token => vec![
+            single(Steps::Few),
+            Kernel::new(pipeline(ctx, ty, v, memory, LATER)?, Steps::Many),
+        ],
         // The tile build runs a batch's whole tiles, the single-token build the rest.
         Variant::Ks => {
             let build = |tile| {
