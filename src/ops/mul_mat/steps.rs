@@ -208,8 +208,8 @@ fn kernels_compiled(
     }
     let (groups, slots) = ks1_shape(ctx, n_cols / 32);
     // Rows too long for the tile builds: `Ks`'s batches of fewer than `KS_TILE_MIN`
-    // tokens run the single-token build too, so that a short prompt compiles no
-    // other build (on lavapipe, 0.1 s and 15 MiB more at Gemma 3's start, docs/perf.md).
+    // tokens run the single-token build too, so that a short prompt compiles no other
+    // build before its first token.
     let every_token = v == Variant::Ks && !ks1_batches_fit(ctx, v, n_cols);
     let one = Ks1 {
         slots,
