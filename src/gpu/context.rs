@@ -232,9 +232,10 @@ pub struct GpuContext {
     pub one_row_at_a_time: bool,
     /// Whether single-token `mul_mat_ks1` products read a lane's run of small fields
     /// once per row ([`DeviceOptions::field_runs`]). By default on CPU-hosted drivers,
-    /// where every field read fetches a whole texel for a lane, at about 22 of the
-    /// driver's instructions each (docs/perf.md); a GPU's cached loads of 4 bytes are
-    /// cheap, and there the selects that pick a run's fields were not measured.
+    /// where every field read fetches a whole texel for every lane (on lavapipe, field
+    /// runs decode Gemma 3 1.07-1.09x faster, docs/perf.md); a GPU's cached loads of 4
+    /// bytes are cheap, and there the selects that pick a run's fields were not
+    /// measured.
     pub field_runs: bool,
     /// [`DeviceOptions::ks1_groups`].
     pub ks1_groups: Option<u32>,
