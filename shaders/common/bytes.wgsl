@@ -180,6 +180,22 @@ fn plane(row_byte: u32, block: u32, n: u32) -> u32 {
     return row_byte + (p.n_cols / block) * n;
 }
 
+// The words of the aligned vec4s (texels) t .. t + texels - 1, at most three, in
+// order; the words past them are 0. `texels` is a constant where the kernels call it,
+// so the compiler drops the fetches past it.
+fn texel_words(t: u32, texels: u32) -> array<u32, 12> {
+    let x = wq(t);
+    var y = vec4<u32>();
+    var z = vec4<u32>();
+    if (texels > 1u) {
+        y = wq(t + 1u);
+    }
+    if (texels > 2u) {
+        z = wq(t + 2u);
+    }
+    return array<u32, 12>(x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w, z.x, z.y, z.z, z.w);
+}
+
 // A lane's run of consecutive chunks' small fields (scales, fifth bits), read once per
 // row (`FIELDS` in ops/mul_mat_ks1.wgsl) where reading each chunk's field fetches a
 // whole aligned vec4 (a texel) for it. The words of the plane from the one holding byte
@@ -188,14 +204,7 @@ fn plane(row_byte: u32, block: u32, n: u32) -> u32 {
 // vec4s from the one holding `b`, or in three where it starts 12 bytes into the first
 // and reaches past 32 (n = 4, six slots).
 fn run_words(b: u32, n: u32, slots: u32) -> array<u32, 8> {
-    let t = b >> 4u;
-    let x = wq(t);
-    let y = wq(t + 1u);
-    var z = vec4<u32>();
-    if (16u - n + n * slots > 32u) {
-        z = wq(t + 2u);
-    }
-    let c = array<u32, 12>(x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w, z.x, z.y, z.z, z.w);
+    let c = texel_words(b >> 4u, select(2u, 3u, 16u - n + n * slots > 32u));
     // Shifted down by the word's index in the first vec4 (0 .. 3), in two steps of
     // selects with indices the compiler sees: llvmpipe indexes a private array by a
     // lane's own index one lane at a time.

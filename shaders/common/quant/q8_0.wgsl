@@ -52,17 +52,8 @@ struct RunFields {
 }
 
 fn run_fields(row_byte: u32, c0: u32, slots: u32, lanes: u32) -> RunFields {
-    let t = plane(row_byte, 32u, 32u) >> 4u;
-    let a = wq(t);
-    var b = vec4<u32>();
-    var e = vec4<u32>();
-    if (slots * lanes > 8u) {
-        b = wq(t + 1u);
-    }
-    if (slots * lanes > 16u) {
-        e = wq(t + 2u);
-    }
-    let w = array<u32, 12>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, e.x, e.y, e.z, e.w);
+    // Eight 2-byte fields a texel.
+    let w = texel_words(plane(row_byte, 32u, 32u) >> 4u, (slots * lanes + 7u) / 8u);
     let next = (c0 & 2u) != 0u;
     let half = (c0 & 1u) * 16u;
     var d: array<u32, 8>;

@@ -125,6 +125,7 @@ pub(super) fn kernel_pipeline(
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
     let normed = ks1.is_some_and(|k| k.normed);
+    let fields = ks1.is_some_and(|k| ks1_fields(ctx, ty, k));
     let int = ks1.is_some_and(|k| k.tile > 1 && v == Variant::Ks && ks1_int(ty));
     let rope = ks1.and_then(|k| k.rope);
     let shader = match (ks1, v) {
@@ -178,7 +179,7 @@ pub(super) fn kernel_pipeline(
             if ks1_pairs(ty, k) {
                 c.push(("PAIRS", 1.0));
             }
-            if ks1_fields(ctx, ty, k) {
+            if fields {
                 c.push(("FIELDS", 1.0));
             }
             if k.every_token && k.tile == 1 {
@@ -236,7 +237,7 @@ pub(super) fn kernel_pipeline(
                 let src = crate::gpu::shaders::keep_regions(&src, "rope", rope.is_some());
                 let src =
                     crate::gpu::shaders::keep_regions(&src, "tex", rope.is_some_and(|r| r.tex));
-                let src = crate::gpu::shaders::keep_regions(&src, "fields", ks1_fields(ctx, ty, k));
+                let src = crate::gpu::shaders::keep_regions(&src, "fields", fields);
                 let src = crate::gpu::shaders::keep_slots(&src, k.slots);
                 let src = crate::gpu::shaders::keep_regions(&src, "tile4", k.tile != 8);
                 crate::gpu::shaders::keep_regions(&src, "tile8", k.tile == 8)

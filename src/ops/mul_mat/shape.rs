@@ -305,8 +305,10 @@ pub(super) fn ks_paired(ty: GgmlType) -> bool {
 /// pairs: seven one at a time ran no faster than `ks` (docs/perf.md).
 pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
     let slots = ks1_slots(ctx, n_cols / 32);
-    let paired = !ks_paired(ty) || slots % 2 == 0;
-    matches!(v, Variant::Ks | Variant::KsU) && slots > 0 && (slots <= KS1_BATCH_MAX_SLOTS || paired)
+    let unpaired_k_quant = ks_paired(ty) && slots % 2 == 1;
+    matches!(v, Variant::Ks | Variant::KsU)
+        && slots > 0
+        && (slots <= KS1_BATCH_MAX_SLOTS || !unpaired_k_quant)
 }
 
 /// Whether batches of such a product run `mul_mat_ks1`'s tile builds too (or
