@@ -661,6 +661,97 @@ fn small_fields_in_runs_and_per_chunk() {
     }
 }
 
+/// Single tokens of rows too long for one subgroup's `mul_mat_ks1` slots, each row
+/// split over a workgroup's subgroups (`DeviceOptions::split_rows`, on by default on
+/// CPU-hosted drivers with one subgroup size), and in `mul_mat_ks` with it off, on
+/// every adapter: two to eight subgroups (65 to 512 chunks), lanes past the row's end,
+/// rows that leave a workgroup's last block of lanes short, batches below five tokens
+/// (the same build, token by token) and above (`ks`), a product of the last token, an
+/// added store, and gate and up as one product storing act(gate) * up.
+#[test]
+fn rows_split_over_subgroups() {
+    for ctx in contexts() {
+        for split_rows in [false, true] {
+            let ctx = GpuContext::from_adapter(
+                ctx.adapter.clone(),
+                &DeviceOptions {
+                    split_rows: Some(split_rows),
+                    ..Default::default()
+                },
+            )
+            .expect("context");
+            assert_eq!(ctx.split_rows, split_rows);
+            // Each decoder family: planar runs (Q4_0, Q5_1 whose fields reach a third
+            // texel), Q8_0's strided lanes, the K-quants in pairs, and floats. With
+            // `split_rows` off, one shape each: `ks` has tests of its own.
+            let types = [
+                GgmlType::F16,
+                GgmlType::Q4_0,
+                GgmlType::Q5_1,
+                GgmlType::Q8_0,
+                GgmlType::Q4_K,
+                GgmlType::Q5_K,
+                GgmlType::Q6_K,
+            ];
+            for ty in types {
+                // Chunks per row: 65 (two subgroups, five slots), 72 (two, five;
+                // six in pairs), 128 (two, eight), 129 (three, six), 448 (seven,
+                // eight: 14336 columns) and 512 (eight, eight).
+                let shapes: &[(usize, usize, usize)] = if ty.block_size() == 256 {
+                    &[
+                        (33, 2304, 1),
+                        (67, 4096, 1),
+                        (9, 4096, 3),
+                        (17, 14336, 1),
+                        (9, 16384, 1),
+                    ]
+                } else {
+                    &[
+                        (33, 2080, 1),
+                        (67, 4096, 1),
+                        (9, 4096, 3),
+                        (35, 4128, 1),
+                        (17, 14336, 1),
+                        (9, 16384, 1),
+                    ]
+                };
+                for v in [Variant::Ks, Variant::KsU]
+                    .into_iter()
+                    .filter(|v| v.available(&ctx))
+                {
+                    let shapes = if split_rows { shapes } else { &shapes[1..2] };
+                    for &(rows, cols, toks) in shapes {
+                        check(&ctx, v, ty, rows, cols, toks, Columns::All);
+                    }
+                    if !split_rows {
+                        continue;
+                    }
+                    check(&ctx, v, ty, 70, 4096, 6, Columns::Last);
+                    check_store(&ctx, v, ty, 67, 4096, 1, Columns::All, Store::Add);
+                }
+            }
+            // `mul_mat_ks` leaves the activation to a dispatch of its own, which
+            // `check_gate_up` rejects on lavapipe.
+            let split_types = [
+                (GgmlType::Q4_K, Activation::Silu),
+                (GgmlType::Q8_0, Activation::GeluTanh),
+            ];
+            for (ty, act) in split_types.into_iter().filter(|_| split_rows) {
+                for xk in [XBuffer::Storage, XBuffer::Uniform] {
+                    let case = GluCase {
+                        shape: (ty, 40, 4096),
+                        act,
+                        toks: 1,
+                        xk,
+                        normed: false,
+                    };
+                    check_gate_up(&ctx, case);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn variants_k_quants() {
     for ctx in contexts() {
@@ -669,8 +760,9 @@ fn variants_k_quants() {
                 // Single tokens of up to 2048 columns run `mul_mat_ks1` in `ks` on
                 // 8-lane subgroups: one chunk per lane at 256 columns, three at 768,
                 // four at 1024, six at 1536, eight at 2048 (in pairs; batches below
-                // five tokens there too, from five in `ks`); 1792 (seven, no pairs) and
-                // 2304 run `ks` itself.
+                // five tokens there too, from five in `ks`); 1792 (seven, no pairs)
+                // runs `ks` itself, and 2304 splits its rows over two subgroups
+                // (`rows_split_over_subgroups`).
                 for (rows, cols, toks) in [
                     (1, 256, 1),
                     (67, 512, 5),

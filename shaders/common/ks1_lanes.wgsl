@@ -29,9 +29,14 @@ override RUNS: bool = true;
 // The batch builds keep 1.
 override GROUPS: u32 = 1u;
 
-// Lanes per row ([`GROUPS`]).
+// Subgroups per workgroup, each holding its part of a row: 1, or with the `split`
+// region of ops/mul_mat_ks1.wgsl (single tokens of rows past 8 * WG chunks), more; then
+// GROUPS is 1 and there is no NORM.
+override SPLIT: u32 = 1u;
+
+// Lanes per row ([`GROUPS`], [`SPLIT`]).
 fn row_lanes() -> u32 {
-    return WG / GROUPS;
+    return WG * SPLIT / GROUPS;
 }
 
 // Lane l's k-th chunk of a row of n_chunks: its index, and whether it is in the row.

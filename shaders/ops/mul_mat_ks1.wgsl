@@ -217,7 +217,39 @@ fn store_row(t: u32, v: u32, x: f32, gate: f32) {
     }
 }
 
-@compute @workgroup_size(WG)
+// With SPLIT (region `split`: single tokens of rows past 8 * WG chunks,
+// `ops::mul_mat::ks1_split`) a workgroup is SPLIT subgroups, each holding its part of
+// every row in its lanes' slots (lane l of the workgroup is lane l of a row of
+// WG * SPLIT lanes, common/ks1_lanes.wgsl). Lane j of each subgroup keeps its part's sum
+// of row i0 + j, and `split_total` adds the parts through workgroup memory: one barrier
+// per block of WG rows. The blocks' sums alternate between two buffers, so that a
+// block's writes come after the barrier by which every lane had read that buffer's
+// last sums, two blocks before. Against `mul_mat_ks`, whose lanes walk such rows'
+// chunks one after another through a private array of row sums, on lavapipe: see
+// `ks1_split`.
+// @begin split
+// Two buffers of a sum per lane (named: naga sizes workgroup arrays by an override's
+// name, not an expression).
+override PART: u32 = 2u * WG * SPLIT;
+var<workgroup> part: array<f32, PART>;
+
+fn split_total(mine: f32, l: u32, block: u32) -> f32 {
+    let buf = block % 2u * (WG * SPLIT);
+    part[buf + l] = mine;
+    workgroupBarrier();
+    var total = 0.0;
+    for (var s = 0u; s < SPLIT; s++) {
+        total += part[buf + s * WG + l % WG];
+    }
+    return total;
+}
+// @end split
+
+// Invocations per workgroup: WG, or WG * SPLIT with SPLIT (set by the host, which
+// chains compare between members).
+override LANES: u32 = 8u;
+
+@compute @workgroup_size(LANES)
 fn main(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -280,6 +312,9 @@ fn main(
     // this loop out: with it, the build took lavapipe 1.3-2x as long to create
     // (docs/perf.md).
     let span = select(0u, n_out - t, n_out > t);
+    // @begin split
+    var block = 0u;
+    // @end split
     for (t += select(0u, span / 4u * 4u, TAILS); !TILE && t < n_out; t++) {
         let inv = norm_inv(first, t, l, n_chunks);
         let s0 = slot(first, t, 0u, l, n_chunks, inv);
@@ -292,6 +327,8 @@ fn main(
         let s7 = slot(first, t, 7u, l, n_chunks, inv); // @slot 7
         var gate = 0.0;
         let group = l / row_lanes();
+        // Lane l's index in its subgroup.
+        let lane = select(l, l % WG, SPLIT > 1u);
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = 0.0;
             for (var j = 0u; j < min(WG, nr - i0); j += GROUPS) {
@@ -310,10 +347,14 @@ fn main(
                 // Lane j + g keeps row i0 + j + g's sum: group g's lanes'.
                 for (var g = 0u; g < GROUPS; g++) {
                     let sum = lane_sum(select(0.0, v, group == g));
-                    mine = select(mine, sum, l == j + g);
+                    mine = select(mine, sum, lane == j + g);
                 }
             }
-            if (i0 + l < nr) {
+            // @begin split
+            mine = split_total(mine, l, block);
+            block++;
+            // @end split
+            if (i0 + l < nr && (SPLIT == 1u || l < WG)) {
                 store_row(t, out0 + i0 + l, mine, gate);
             }
             gate = mine;

@@ -38,6 +38,11 @@ pub struct DeviceOptions {
     /// of its own (`Some(false)`); `None`: on CPU-hosted drivers only
     /// ([`GpuContext::field_runs`]; tests run both paths on one adapter).
     pub field_runs: Option<bool>,
+    /// Single tokens of rows too long for one subgroup of `mul_mat_ks1` split each row
+    /// over a workgroup's subgroups there (`Some(true)`), or run `mul_mat_ks`
+    /// (`Some(false)`); `None`: on CPU-hosted drivers only ([`GpuContext::split_rows`];
+    /// tests run both paths on one adapter).
+    pub split_rows: Option<bool>,
     /// Aim for about this many workgroups per single-token `mul_mat_ks1` product on
     /// CPU-hosted drivers, instead of one per driver thread (`ops::mul_mat::ks1_rows`;
     /// the bench compares counts in one process).
@@ -237,6 +242,12 @@ pub struct GpuContext {
     /// bytes are cheap, and there the selects that pick a run's fields were not
     /// measured.
     pub field_runs: bool,
+    /// Whether single tokens of rows past a subgroup's `mul_mat_ks1` slots split each
+    /// row over a workgroup's subgroups there ([`DeviceOptions::split_rows`],
+    /// `ops::mul_mat::ks1_split`). By default on CPU-hosted drivers, where `mul_mat_ks`
+    /// read such rows (8B shapes) at about half the rate (docs/perf.md); not measured on
+    /// a GPU.
+    pub split_rows: bool,
     /// [`DeviceOptions::ks1_groups`].
     pub ks1_groups: Option<u32>,
     /// [`DeviceOptions::ks1_max_rows`].
@@ -543,6 +554,9 @@ impl GpuContext {
         let field_runs = opts
             .field_runs
             .unwrap_or(info.device_type == wgpu::DeviceType::Cpu);
+        let split_rows = opts
+            .split_rows
+            .unwrap_or(info.device_type == wgpu::DeviceType::Cpu);
         Ok(GpuContext {
             unused_output,
             forced_weights,
@@ -561,6 +575,7 @@ impl GpuContext {
             workgroup_reductions: opts.workgroup_reductions,
             one_row_at_a_time: opts.one_row_at_a_time,
             field_runs,
+            split_rows,
             ks1_groups: opts.ks1_groups,
             ks1_max_rows: opts.ks1_max_rows,
             forced_mul_mat: opts.mul_mat.clone(),

@@ -683,6 +683,10 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                     if has_run_fields(ty) {
                         out.push((format!("{label}_fields"), fields));
                     }
+                    // The region `split` (rows over several subgroups) is kept above,
+                    // and left out as the builds of rows one subgroup holds leave it.
+                    let unsplit = keep_regions(&src, "split", false);
+                    out.push((format!("{label}_unsplit"), unsplit));
                 }
                 out.push((label, src));
             }

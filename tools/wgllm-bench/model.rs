@@ -50,8 +50,8 @@ pub struct ModelArgs {
     /// A second engine beside the first with one GPU setting changed, their steps
     /// interleaved in this process: `mul-mat=VARIANT` (as `WGLLM_MUL_MAT`),
     /// `weights=buffer|texture`, `no-f16`, `no-subgroups`, `workgroup-reductions`,
-    /// `one-row-at-a-time`, `ks1-groups=N`, `ks1-max-rows=N`, `chains=on|off` or
-    /// `field-runs=on|off`.
+    /// `one-row-at-a-time`, `ks1-groups=N`, `ks1-max-rows=N`, `chains=on|off`,
+    /// `field-runs=on|off` or `split-rows=on|off`.
     #[arg(long, value_name = "SETTING")]
     versus: Option<String>,
     #[arg(long)]
@@ -105,11 +105,13 @@ fn versus_options(setting: &str, opts: &DeviceOptions) -> Result<DeviceOptions> 
         ("ks1-max-rows", Some(v)) => o.ks1_max_rows = Some(count(key, v)?),
         ("chains", Some(v)) => o.chains = Some(on_off(key, v)?),
         ("field-runs", Some(v)) => o.field_runs = Some(on_off(key, v)?),
+        ("split-rows", Some(v)) => o.split_rows = Some(on_off(key, v)?),
         _ => {
             return Err(Error::invalid(format!(
                 "--versus {setting}: expected mul-mat=VARIANT, weights=buffer|texture, \
                  no-f16, no-subgroups, workgroup-reductions, one-row-at-a-time, \
-                 ks1-groups=N, ks1-max-rows=N, chains=on|off or field-runs=on|off"
+                 ks1-groups=N, ks1-max-rows=N, chains=on|off, field-runs=on|off \
+                 or split-rows=on|off"
             )))
         }
     }

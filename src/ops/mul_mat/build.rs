@@ -55,6 +55,9 @@ pub(super) enum Build {
 pub(super) struct Ks1 {
     /// Chunks per lane ([`ks1_slots`]; [`ks1_shape`] for single tokens).
     pub(super) slots: u32,
+    /// Subgroups a single token's workgroup splits each row over (`SPLIT`,
+    /// [`ks1_split`]); 1 in the batch builds and on rows one subgroup holds.
+    pub(super) split: u32,
     /// Rows a single token's subgroup dots at once (`GROUPS`, [`ks1_shape`]); 1 in the
     /// batch builds.
     pub(super) groups: u32,
@@ -78,6 +81,17 @@ pub(super) struct Ks1 {
     pub(super) plain: bool,
 }
 
+impl Ks1 {
+    /// Subgroups per workgroup: [`Ks1::split`] in single-token builds, else 1.
+    pub(super) fn subgroups(self) -> u32 {
+        if self.tile == 1 {
+            self.split.max(1)
+        } else {
+            1
+        }
+    }
+}
+
 /// Whether a single-token `mul_mat_ks1` build of `ty` dots its slots in chunk pairs
 /// (`PAIRS`): the types `mul_mat_ks` walks in pairs too ([`ks_paired`], the K-quants,
 /// whose neighbouring chunks share bytes), on an even count of slots per lane (each
@@ -93,7 +107,7 @@ fn ks1_pairs(ty: GgmlType, k: Ks1) -> bool {
 /// lane's fields lie together; Q8_0's strided lanes read the texels their row's slots
 /// span (at most three), fewer than one per slot where a row has at most four lanes.
 fn ks1_fields(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> bool {
-    let row_lanes = ctx.subgroup_min_size / k.groups.max(1);
+    let row_lanes = ctx.subgroup_min_size * k.subgroups() / k.groups.max(1);
     ctx.field_runs
         && k.tile == 1
         && crate::gpu::shaders::has_run_fields(ty)
@@ -161,6 +175,7 @@ pub(super) fn kernel_pipeline(
     // (`Params::acc`), not a constant: one pipeline serves both.
     let consts: Vec<(&str, f64)> = match (v, ks1) {
         (Variant::Ks | Variant::KsU, Some(k)) => {
+            let split = k.subgroups();
             let mut c = vec![
                 ("WG", ctx.subgroup_min_size as f64),
                 ("RUNS", ks_runs(ty) as u8 as f64),
@@ -169,6 +184,7 @@ pub(super) fn kernel_pipeline(
             ];
             // `mul_mat_ks1i` is a tile build only.
             if !int {
+                c.push(("LANES", (ctx.subgroup_min_size * split) as f64));
                 c.push(("TILE", (k.tile > 1) as u8 as f64));
             } else {
                 c.push(("TILE", k.tile as f64));
@@ -181,6 +197,9 @@ pub(super) fn kernel_pipeline(
             }
             if fields {
                 c.push(("FIELDS", 1.0));
+            }
+            if split > 1 {
+                c.push(("SPLIT", split as f64));
             }
             if k.every_token && k.tile == 1 {
                 c.push(("TAILS", 0.0));
@@ -238,6 +257,7 @@ pub(super) fn kernel_pipeline(
                 let src =
                     crate::gpu::shaders::keep_regions(&src, "tex", rope.is_some_and(|r| r.tex));
                 let src = crate::gpu::shaders::keep_regions(&src, "fields", fields);
+                let src = crate::gpu::shaders::keep_regions(&src, "split", k.subgroups() > 1);
                 let src = crate::gpu::shaders::keep_slots(&src, k.slots);
                 let src = crate::gpu::shaders::keep_regions(&src, "tile4", k.tile != 8);
                 crate::gpu::shaders::keep_regions(&src, "tile8", k.tile == 8)

@@ -255,6 +255,7 @@ impl<'a> RopeOut<'a> {
         let (groups, slots) = ks1_shape(ctx, n_cols / 32);
         Ks1 {
             slots,
+            split: 1,
             groups,
             normed: true,
             tile: 1,

@@ -261,6 +261,8 @@ fn part_dispatches(
             let d = dispatch_bound(ctx, &label, pipe, step, &wp, bindings, grid)?;
             Ok(match kernel.ks1 {
                 Some(Ks1Walk::Tokens | Ks1Walk::Heads(_)) => d.chainable(ks1_chainable(wp.wg_rows)),
+                // Its workgroups are several subgroups, the chains' one.
+                Some(Ks1Walk::Split) => d,
                 None if v == Variant::Ks && walks_rows => {
                     d.chainable(ks_chainable(ctx, w.n_cols()))
                 }

@@ -20,6 +20,9 @@ const KS1_MAX_ROWS: u32 = 4096;
 pub(super) enum Ks1Walk {
     /// Single tokens, one at a time.
     Tokens,
+    /// Single tokens, each row split over a workgroup's subgroups ([`ks1_split`]),
+    /// whose workgroups are larger than the other kernels' and so join no chain.
+    Split,
     /// Single tokens, each workgroup's rows whole heads of this many rows
     /// (`mul_mat_ks1nr`, whose workgroups rotate the heads they stored).
     Heads(u32),
@@ -59,7 +62,7 @@ pub(super) fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
         Ks1Walk::Tiles => n_rows
             .div_ceil(crate::gpu::context::driver_threads())
             .min(KS_WALK_TRIPS / KS_TOK_WIN_MIN / step * step),
-        Ks1Walk::Tokens | Ks1Walk::Heads(_) => {
+        Ks1Walk::Tokens | Ks1Walk::Split | Ks1Walk::Heads(_) => {
             let most = ctx.ks1_max_rows.unwrap_or(KS1_MAX_ROWS);
             n_rows.div_ceil(ks1_groups(ctx)).min(most)
         }
@@ -285,6 +288,40 @@ pub(super) fn ks1_shape(ctx: &GpuContext, n_chunks: u64) -> (u32, u32) {
         .unwrap_or((1, ks1_slots(ctx, n_chunks)))
 }
 
+/// Most subgroups one single-token workgroup of `mul_mat_ks1` splits its rows over
+/// (`SPLIT` in common/ks1_lanes.wgsl, [`ks1_split`]): rows of up to 8 x 8 x 8 = 512
+/// chunks on 8-lane subgroups (14336 columns take 448).
+const KS1_MAX_SPLIT: u32 = 8;
+
+/// For single tokens of rows too long for one subgroup's slots (more than
+/// [`KS1_MAX_SLOTS`] chunks a lane), the subgroups a workgroup of `mul_mat_ks1` splits
+/// each row over and the chunks each lane then holds (`SPLIT`, `SLOTS`): the fewest
+/// subgroups that hold the row in at most [`KS1_MAX_SLOTS`] slots (an even count for
+/// the K-quants, which dot them in pairs). `None` where the row fits one subgroup,
+/// where it is too long for [`KS1_MAX_SPLIT`] subgroups or the device's workgroups, where
+/// the device's subgroups do not have one fixed size (the parts' sums are each
+/// subgroup's `subgroupAdd`), or with [`GpuContext::split_rows`] off.
+pub(super) fn ks1_split(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> Option<(u32, u32)> {
+    let lanes = ctx.fixed_subgroup()?;
+    if !ctx.split_rows || ks1_slots(ctx, n_chunks) > 0 {
+        return None;
+    }
+    let l = &ctx.limits;
+    let most = KS1_MAX_SPLIT
+        .min(l.max_compute_invocations_per_workgroup / lanes.max(1))
+        .min(l.max_compute_workgroup_size_x / lanes.max(1))
+        .min(l.max_compute_workgroup_storage_size / (2 * 4 * lanes.max(1)));
+    (2..=most).find_map(|split| {
+        let slots = n_chunks.div_ceil((lanes * split) as u64);
+        let slots = if ks_paired(ty) {
+            slots.next_multiple_of(2)
+        } else {
+            slots
+        };
+        (slots <= KS1_MAX_SLOTS).then_some((split, slots as u32))
+    })
+}
+
 /// Whether `Ks` walks a single token's chunks in pairs (`PAIRED` in mul_mat_ks.wgsl):
 /// the K-quants, whose neighbouring chunks share words (Q6_K: 1.2-1.4x on lavapipe at
 /// batch 1).
@@ -303,12 +340,14 @@ pub(super) fn ks_paired(ty: GgmlType) -> bool {
 /// in `ks`.
 /// Past [`KS1_BATCH_MAX_SLOTS`], the K-quants only on an even count of slots, in
 /// pairs: seven one at a time ran no faster than `ks` (docs/perf.md).
+/// Rows past [`KS1_MAX_SLOTS`] chunks a lane run there too where [`ks1_split`] splits
+/// them over a workgroup's subgroups.
 pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
     let slots = ks1_slots(ctx, n_cols / 32);
     let unpaired_k_quant = ks_paired(ty) && slots % 2 == 1;
+    let one_subgroup = slots > 0 && (slots <= KS1_BATCH_MAX_SLOTS || !unpaired_k_quant);
     matches!(v, Variant::Ks | Variant::KsU)
-        && slots > 0
-        && (slots <= KS1_BATCH_MAX_SLOTS || !unpaired_k_quant)
+        && (one_subgroup || ks1_split(ctx, ty, n_cols / 32).is_some())
 }
 
 /// Whether batches of such a product run `mul_mat_ks1`'s tile builds too (or

@@ -206,13 +206,20 @@ fn kernels_compiled(
             Kernel::new(whole, Steps::Many),
         ]);
     }
-    let (groups, slots) = ks1_shape(ctx, n_cols / 32);
+    let (groups, slots, split) = match ks1_split(ctx, ty, n_cols / 32) {
+        Some((split, slots)) => (1, slots, split),
+        None => {
+            let (groups, slots) = ks1_shape(ctx, n_cols / 32);
+            (groups, slots, 1)
+        }
+    };
     // Rows too long for the tile builds: `Ks`'s batches of fewer than `KS_TILE_MIN`
     // tokens run the single-token build too, so that a short prompt compiles no other
     // build before its first token.
     let every_token = v == Variant::Ks && !ks1_batches_fit(ctx, v, n_cols);
     let one = Ks1 {
         slots,
+        split,
         groups,
         normed,
         tile: 1,
@@ -221,9 +228,14 @@ fn kernels_compiled(
         every_token,
     };
     let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), ones))?;
+    let walk = if split > 1 {
+        Ks1Walk::Split
+    } else {
+        Ks1Walk::Tokens
+    };
     let single = |steps| Kernel {
         stores_glu: true,
-        ..Kernel::ks1(single.clone(), steps, Ks1Walk::Tokens)
+        ..Kernel::ks1(single.clone(), steps, walk)
     };
     if cols == Columns::Last {
         return Ok(vec![single(Steps::One)]);
