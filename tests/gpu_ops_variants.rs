@@ -752,6 +752,39 @@ fn rows_split_over_subgroups() {
     }
 }
 
+/// Single tokens of the K-quants whose `mul_mat_ks1` lanes dot their chunks in pairs
+/// within one block (two, four or eight slots a lane) and read what the pairs share
+/// there once per row (`DeviceOptions::field_runs`, on by default on CPU-hosted
+/// drivers), against each pair reading it, on every adapter: one, two and four pairs a
+/// lane, rows split over three subgroups whose last lanes lie past the row (5120
+/// columns), and runs of six slots, which cross blocks and keep the pairs' own reads.
+#[test]
+fn k_quant_blocks_read_once_per_row() {
+    for ctx in contexts() {
+        for field_runs in [false, true] {
+            let ctx = GpuContext::from_adapter(
+                ctx.adapter.clone(),
+                &DeviceOptions {
+                    field_runs: Some(field_runs),
+                    ..Default::default()
+                },
+            )
+            .expect("context");
+            for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+                assert!(wgllm::gpu::shaders::has_k_block(ty), "{ty}");
+                for (rows, cols) in [(33, 512), (67, 1024), (17, 1536), (33, 2048), (9, 5120)] {
+                    for v in [Variant::Ks, Variant::KsU]
+                        .into_iter()
+                        .filter(|v| v.available(&ctx))
+                    {
+                        check(&ctx, v, ty, rows, cols, 1, Columns::All);
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn variants_k_quants() {
     for ctx in contexts() {

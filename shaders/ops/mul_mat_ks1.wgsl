@@ -108,6 +108,18 @@ fn pair_dot(row_byte: u32, a: Slot, b: Slot) -> f32 {
     return a.on * wdot64_pre(row_byte, a.c / 2u, a.x, b.x, a.xs, b.xs);
 }
 
+// With KBLOCK (region `kblock`: PAIRS where a lane's run of SLOTS chunks lies in one
+// block of eight, SLOTS 2, 4 or 8), a lane reads what its pairs share in the block (the
+// K-quant's header or scales, Q5_K's fifth bits, Q6_K's d: the decoder's `k_block`)
+// once per row, where each pair's dot read it again.
+override KBLOCK: bool = false;
+
+// @begin kblock
+fn pair_dot_blk(row_byte: u32, a: Slot, b: Slot, blk: KBlock) -> f32 {
+    return a.on * wdot64_blk(row_byte, a.c / 2u, blk, a.x, b.x, a.xs, b.xs);
+}
+// @end kblock
+
 // With FIELDS (region `fields`: the planar types, on lanes that hold runs of
 // consecutive chunks, or Q8_0's strided chunks on at most four lanes per row), a single
 // token's lane reads the small fields (scales, fifth bits) of all its slots once per
@@ -137,6 +149,16 @@ fn row_dot(
     s6: Slot, // @slot 6
     s7: Slot, // @slot 7
 ) -> f32 {
+    // @begin kblock
+    if (KBLOCK) {
+        let blk = k_block(rb, s0.c);
+        var u = pair_dot_blk(rb, s0, s1, blk); // @slot 1
+        u += pair_dot_blk(rb, s2, s3, blk); // @slot 3
+        u += pair_dot_blk(rb, s4, s5, blk); // @slot 5
+        u += pair_dot_blk(rb, s6, s7, blk); // @slot 7
+        return u; // @slot 1
+    }
+    // @end kblock
     if (PAIRS) {
         var w = pair_dot(rb, s0, s1); // @slot 1
         w += pair_dot(rb, s2, s3); // @slot 3

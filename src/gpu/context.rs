@@ -34,9 +34,10 @@ pub struct DeviceOptions {
     /// busy (`ops::mul_mat::ks1_shape`; tests run both paths on one adapter).
     pub one_row_at_a_time: bool,
     /// Single-token `mul_mat_ks1` products read a lane's run of chunks' small fields
-    /// (scales, fifth bits) once per row (`Some(true)`), or each chunk's with a load
-    /// of its own (`Some(false)`); `None`: on CPU-hosted drivers only
-    /// ([`GpuContext::field_runs`]; tests run both paths on one adapter).
+    /// (scales, fifth bits; for the K-quants, what a lane's pairs share in a block)
+    /// once per row (`Some(true)`), or each chunk's with a load of its own
+    /// (`Some(false)`); `None`: on CPU-hosted drivers only ([`GpuContext::field_runs`];
+    /// tests run both paths on one adapter).
     pub field_runs: Option<bool>,
     /// Single tokens of rows too long for one subgroup of `mul_mat_ks1` split each row
     /// over a workgroup's subgroups there (`Some(true)`), or run `mul_mat_ks`
@@ -236,11 +237,12 @@ pub struct GpuContext {
     /// [`DeviceOptions::one_row_at_a_time`].
     pub one_row_at_a_time: bool,
     /// Whether single-token `mul_mat_ks1` products read a lane's run of small fields
-    /// once per row ([`DeviceOptions::field_runs`]). By default on CPU-hosted drivers,
-    /// where every field read fetches a whole texel for every lane (on lavapipe, field
-    /// runs decode Gemma 3 1.07-1.09x faster, docs/perf.md); a GPU's cached loads of 4
-    /// bytes are cheap, and there the selects that pick a run's fields were not
-    /// measured.
+    /// once per row, and the K-quants what a lane's pairs share in a block
+    /// ([`DeviceOptions::field_runs`]). By default on CPU-hosted drivers, where every
+    /// field read fetches a whole texel for every lane (on lavapipe, field runs decode
+    /// Gemma 3 1.07-1.09x faster, the K-quants' blocks a synthetic 8B model 1.04-1.09x,
+    /// docs/perf.md); a GPU's cached loads of 4 bytes are cheap, and there the selects
+    /// that pick a run's fields were not measured.
     pub field_runs: bool,
     /// Whether single tokens of rows past a subgroup's `mul_mat_ks1` slots split each
     /// row over a workgroup's subgroups there ([`DeviceOptions::split_rows`],

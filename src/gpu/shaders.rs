@@ -455,6 +455,13 @@ pub fn has_run_fields(ty: GgmlType) -> bool {
     decoder(ty).is_some_and(|d| d.iter().any(|part| part.contains("fn wdot32_run(")))
 }
 
+/// Whether `ty`'s decoder reads what a lane's chunk pairs share in a block once per row
+/// (`k_block` and `wdot64_blk`, for `mul_mat_ks1`'s `KBLOCK`): the K-quants that
+/// `mul_mat_ks1` dots in pairs (Q4_K, Q5_K, Q6_K).
+pub fn has_k_block(ty: GgmlType) -> bool {
+    decoder(ty).is_some_and(|d| d.iter().any(|part| part.contains("fn wdot64_blk(")))
+}
+
 fn join(parts: &[&str]) -> String {
     parts.join("\n")
 }
@@ -655,6 +662,10 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                 // once per row, and built without it too.
                 let fields = keep_regions(&src, "fields", true);
                 let src = keep_regions(&src, "fields", false);
+                // So is `kblock`, for the types that read their pairs' block once.
+                let kblock = keep_regions(&src, "kblock", true);
+                let src = keep_regions(&src, "kblock", false);
+                let fields = keep_regions(&fields, "kblock", false);
                 // Only `mul_mat_ks1nr` keeps the RoPE at its end, with and without the
                 // kept textures.
                 let src = keep_regions(&src, "rope", is_rope_build(name));
@@ -663,9 +674,14 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                 }
                 let src = keep_regions(&src, "tex", false);
                 let fields = keep_regions(&keep_regions(&fields, "rope", false), "tex", false);
+                let kblock = keep_regions(&keep_regions(&kblock, "rope", false), "tex", false);
                 // `mul_mat_ks1` as it is built for each count of slots.
                 if name.starts_with("mul_mat_ks1") {
-                    for slots in 1..8 {
+                    for slots in 1..=8 {
+                        if has_k_block(ty) && 8 % slots == 0 {
+                            let kept = keep_slots(&kblock, slots);
+                            out.push((format!("{label}_slots{slots}_kblock"), kept));
+                        }
                         if has_run_fields(ty) {
                             let kept = keep_slots(&fields, slots);
                             out.push((format!("{label}_slots{slots}_fields"), kept));

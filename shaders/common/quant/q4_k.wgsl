@@ -69,9 +69,33 @@ fn wdot64_pre(
     sa: f32,
     sb: f32,
 ) -> f32 {
+    let blk = k_block(row_byte, 2u * c2);
+    return wdot64_blk(row_byte, c2, blk, xa, xb, sa, sb);
+}
+
+// What a lane whose run of chunk pairs lies in one block reads once per row
+// (`KBLOCK` in ops/mul_mat_ks1.wgsl): the header texel (d, dmin, scales).
+struct KBlock {
+    h: vec4<u32>,
+}
+
+fn k_block(row_byte: u32, c: u32) -> KBlock {
+    return KBlock(wq(q4k_block(row_byte, c)));
+}
+
+// `wdot64_pre` with the block's header from `blk`.
+fn wdot64_blk(
+    row_byte: u32,
+    c2: u32,
+    blk: KBlock,
+    xa: array<vec4<f32>, 8>,
+    xb: array<vec4<f32>, 8>,
+    sa: f32,
+    sb: f32,
+) -> f32 {
     let s = (2u * c2) & 7u;
     let bq = q4k_block(row_byte, 2u * c2);
-    let h = wq(bq);
+    let h = blk.h;
     let dm = unpack2x16float(h.x);
     let ma = k4_scale_min(h.y, h.z, h.w, s);
     let mb = k4_scale_min(h.y, h.z, h.w, s + 1u);

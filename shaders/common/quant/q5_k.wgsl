@@ -62,19 +62,45 @@ fn wdot64_pre(
     sa: f32,
     sb: f32,
 ) -> f32 {
+    let blk = k_block(row_byte, 2u * c2);
+    return wdot64_blk(row_byte, c2, blk, xa, xb, sa, sb);
+}
+
+// What a lane whose run of chunk pairs lies in one block reads once per row
+// (`KBLOCK` in ops/mul_mat_ks1.wgsl): the header texel (d, dmin, scales) and the
+// fifth bits' 32 bytes, which all the block's chunks share.
+struct KBlock {
+    h: vec4<u32>,
+    qh: array<u32, 8>,
+}
+
+fn k_block(row_byte: u32, c: u32) -> KBlock {
+    let bq = q5k_block(row_byte, c);
+    return KBlock(wq(bq), wq8(bq + 1u));
+}
+
+// `wdot64_pre` with the block's header and fifth bits from `blk`.
+fn wdot64_blk(
+    row_byte: u32,
+    c2: u32,
+    blk: KBlock,
+    xa: array<vec4<f32>, 8>,
+    xb: array<vec4<f32>, 8>,
+    sa: f32,
+    sb: f32,
+) -> f32 {
     let s = (2u * c2) & 7u;
     let bq = q5k_block(row_byte, 2u * c2);
-    let hd = wq(bq);
+    let hd = blk.h;
     let dm = unpack2x16float(hd.x);
     let ma = k4_scale_min(hd.y, hd.z, hd.w, s);
     let mb = k4_scale_min(hd.y, hd.z, hd.w, s + 1u);
-    let qh = wq8(bq + 1u);
     let qs = wq8(bq + 3u + (s >> 1u) * 2u);
     var a = 0.0;
     var b = 0.0;
     for (var k = 0u; k < 8u; k++) {
         let q = qs[k];
-        let h = qh[k] >> s;
+        let h = blk.qh[k] >> s;
         a += dot(bytes_placed((q & 0x0f0f0f0fu) | ((h & 0x01010101u) << 4u)), xa[k]);
         b += dot(bytes_placed(((q >> 4u) & 0x0f0f0f0fu) | ((h & 0x02020202u) << 3u)), xb[k]);
     }

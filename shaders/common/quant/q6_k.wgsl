@@ -107,6 +107,47 @@ fn wdot64_pre(
     sb: f32,
 ) -> f32 {
     let c = 2u * c2;
+    let sc = wu((q6k_block(row_byte, c) + 12u) * 4u + ((c & 7u) >> 1u));
+    return q6k_pair(row_byte, c2, sc, q6k_d(row_byte, c), xa, xb, sa, sb);
+}
+
+// What a lane whose run of chunk pairs lies in one block reads once per row
+// (`KBLOCK` in ops/mul_mat_ks1.wgsl): the texel of the block's sixteen scales, and d.
+struct KBlock {
+    sc: vec4<u32>,
+    d: f32,
+}
+
+fn k_block(row_byte: u32, c: u32) -> KBlock {
+    return KBlock(wq(q6k_block(row_byte, c) + 12u), q6k_d(row_byte, c));
+}
+
+// `wdot64_pre` with the block's scales and d from `blk`.
+fn wdot64_blk(
+    row_byte: u32,
+    c2: u32,
+    blk: KBlock,
+    xa: array<vec4<f32>, 8>,
+    xb: array<vec4<f32>, 8>,
+    sa: f32,
+    sb: f32,
+) -> f32 {
+    let sc = blk.sc[((2u * c2) & 7u) >> 1u];
+    return q6k_pair(row_byte, c2, sc, blk.d, xa, xb, sa, sb);
+}
+
+// Pair c2's dot, given its scales' word `scw` (scales[2s .. 2s + 3]) and the block's d.
+fn q6k_pair(
+    row_byte: u32,
+    c2: u32,
+    scw: u32,
+    d: f32,
+    xa: array<vec4<f32>, 8>,
+    xb: array<vec4<f32>, 8>,
+    sa: f32,
+    sb: f32,
+) -> f32 {
+    let c = 2u * c2;
     let s = c & 7u;
     let n = s >> 2u;
     let bq = q6k_block(row_byte, c);
@@ -114,12 +155,12 @@ fn wdot64_pre(
     let lb = wq8(bq + n * 4u + 2u);
     let qh = wq8(bq + 8u + n * 2u);
     // scales[2s .. 2s + 3]: chunk s's two, then chunk s + 1's.
-    let sc = i8x4(wu((bq + 12u) * 4u + (s >> 1u)));
+    let sc = i8x4(scw);
     let sl = ((s >> 1u) & 1u) * 4u;
     let sh = (s & 3u) * 2u;
     let a = q6k_halves(la, qh, sl, sh, xa);
     let b = q6k_halves(lb, qh, sl, sh + 2u, xb);
     let ha = q6k_centre(a, xa, sa);
     let hb = q6k_centre(b, xb, sb);
-    return q6k_d(row_byte, c) * (dot(sc.xy, ha) + dot(sc.zw, hb));
+    return d * (dot(sc.xy, ha) + dot(sc.zw, hb));
 }

@@ -100,6 +100,16 @@ fn ks1_pairs(ty: GgmlType, k: Ks1) -> bool {
     ks_paired(ty) && k.tile == 1 && k.slots % 2 == 0 && ks_runs(ty)
 }
 
+/// Whether a single-token `mul_mat_ks1` build of `ty` in pairs reads what a lane's
+/// pairs share in their block once per row (`KBLOCK`, region `kblock`): where each
+/// lane's run of chunks lies in one block of eight (2, 4 or 8 slots; runs start at a
+/// multiple of the slots), on devices that read fields so ([`GpuContext::field_runs`]).
+/// Measured on lavapipe with `--versus field-runs=off` on a synthetic 8B Q4_K_M model,
+/// whose K-quant products run eight slots a lane: decode 1.04-1.09x (docs/perf.md).
+fn ks1_kblock(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> bool {
+    ctx.field_runs && ks1_pairs(ty, k) && 8 % k.slots == 0
+}
+
 /// Whether a single-token `mul_mat_ks1` build of `ty` reads each lane's small fields
 /// once per row (`FIELDS`, region `fields`): types whose decoder can
 /// ([`crate::gpu::shaders::has_run_fields`]), where the device reads fields so
@@ -140,6 +150,7 @@ pub(super) fn kernel_pipeline(
     let form = Form::new(!fused, memory);
     let normed = ks1.is_some_and(|k| k.normed);
     let fields = ks1.is_some_and(|k| ks1_fields(ctx, ty, k));
+    let kblock = ks1.is_some_and(|k| ks1_kblock(ctx, ty, k));
     let int = ks1.is_some_and(|k| k.tile > 1 && v == Variant::Ks && ks1_int(ty));
     let rope = ks1.and_then(|k| k.rope);
     let shader = match (ks1, v) {
@@ -197,6 +208,9 @@ pub(super) fn kernel_pipeline(
             }
             if fields {
                 c.push(("FIELDS", 1.0));
+            }
+            if kblock {
+                c.push(("KBLOCK", 1.0));
             }
             if split > 1 {
                 c.push(("SPLIT", split as f64));
@@ -257,6 +271,7 @@ pub(super) fn kernel_pipeline(
                 let src =
                     crate::gpu::shaders::keep_regions(&src, "tex", rope.is_some_and(|r| r.tex));
                 let src = crate::gpu::shaders::keep_regions(&src, "fields", fields);
+                let src = crate::gpu::shaders::keep_regions(&src, "kblock", kblock);
                 let src = crate::gpu::shaders::keep_regions(&src, "split", k.subgroups() > 1);
                 let src = crate::gpu::shaders::keep_slots(&src, k.slots);
                 let src = crate::gpu::shaders::keep_regions(&src, "tile4", k.tile != 8);
