@@ -534,6 +534,11 @@ fn check_gate_up(ctx: &GpuContext, c: GluCase) -> bool {
     stored
 }
 
+/// `ctx`'s adapter opened again with `opts`.
+fn reopened(ctx: &GpuContext, opts: DeviceOptions) -> GpuContext {
+    GpuContext::from_adapter(ctx.adapter.clone(), &opts).expect("context")
+}
+
 fn variants(ctx: &GpuContext) -> impl Iterator<Item = Variant> + '_ {
     Variant::ALL.into_iter().filter(|v| v.available(ctx))
 }
@@ -604,19 +609,18 @@ fn variants_small_block_types() {
 /// run of six 4-byte fields that reaches a third texel, and one, two and four rows on a
 /// subgroup at once (`mul_mat::ks1_shape`); for Q8_0's strided lanes, rows of two and
 /// four lanes whose slots span one to three texels (32 to 576 columns), and rows of
-/// eight, which read one field per chunk.
+/// eight, which read one field per chunk; and the K-quants' blocks (below).
 #[test]
 fn small_fields_in_runs_and_per_chunk() {
     for ctx in contexts() {
         for field_runs in [false, true] {
-            let ctx = GpuContext::from_adapter(
-                ctx.adapter.clone(),
-                &DeviceOptions {
+            let ctx = reopened(
+                ctx,
+                DeviceOptions {
                     field_runs: Some(field_runs),
                     ..Default::default()
                 },
-            )
-            .expect("context");
+            );
             assert_eq!(ctx.field_runs, field_runs);
             for ty in [
                 GgmlType::Q4_0,
@@ -655,8 +659,23 @@ fn small_fields_in_runs_and_per_chunk() {
                     }
                 }
             }
-            // The K-quants' fields lie inside their blocks: one read per chunk pair.
-            assert!(!wgllm::gpu::shaders::has_run_fields(GgmlType::Q4_K));
+            // The K-quants' fields lie inside their blocks: where a lane's chunk
+            // pairs lie in one block (one, two and four pairs a lane), what they share
+            // there is read once per row; runs of six slots cross blocks and keep each
+            // pair's reads. 5120 columns split over three subgroups whose last lanes
+            // lie past the row.
+            for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+                assert!(!wgllm::gpu::shaders::has_run_fields(ty), "{ty}");
+                assert!(wgllm::gpu::shaders::has_k_block(ty), "{ty}");
+                for (rows, cols) in [(33, 512), (67, 1024), (17, 1536), (33, 2048), (9, 5120)] {
+                    for v in [Variant::Ks, Variant::KsU]
+                        .into_iter()
+                        .filter(|v| v.available(&ctx))
+                    {
+                        check(&ctx, v, ty, rows, cols, 1, Columns::All);
+                    }
+                }
+            }
         }
     }
 }
@@ -672,14 +691,13 @@ fn small_fields_in_runs_and_per_chunk() {
 fn rows_split_over_subgroups() {
     for ctx in contexts() {
         for split_rows in [false, true] {
-            let ctx = GpuContext::from_adapter(
-                ctx.adapter.clone(),
-                &DeviceOptions {
+            let ctx = reopened(
+                ctx,
+                DeviceOptions {
                     split_rows: Some(split_rows),
                     ..Default::default()
                 },
-            )
-            .expect("context");
+            );
             assert_eq!(ctx.split_rows, split_rows);
             // Each decoder family: planar runs (Q4_0, Q5_1 whose fields reach a third
             // texel), Q8_0's strided lanes, the K-quants in pairs, and floats. With
@@ -752,39 +770,6 @@ fn rows_split_over_subgroups() {
     }
 }
 
-/// Single tokens of the K-quants whose `mul_mat_ks1` lanes dot their chunks in pairs
-/// within one block (two, four or eight slots a lane) and read what the pairs share
-/// there once per row (`DeviceOptions::field_runs`, on by default on CPU-hosted
-/// drivers), against each pair reading it, on every adapter: one, two and four pairs a
-/// lane, rows split over three subgroups whose last lanes lie past the row (5120
-/// columns), and runs of six slots, which cross blocks and keep the pairs' own reads.
-#[test]
-fn k_quant_blocks_read_once_per_row() {
-    for ctx in contexts() {
-        for field_runs in [false, true] {
-            let ctx = GpuContext::from_adapter(
-                ctx.adapter.clone(),
-                &DeviceOptions {
-                    field_runs: Some(field_runs),
-                    ..Default::default()
-                },
-            )
-            .expect("context");
-            for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
-                assert!(wgllm::gpu::shaders::has_k_block(ty), "{ty}");
-                for (rows, cols) in [(33, 512), (67, 1024), (17, 1536), (33, 2048), (9, 5120)] {
-                    for v in [Variant::Ks, Variant::KsU]
-                        .into_iter()
-                        .filter(|v| v.available(&ctx))
-                    {
-                        check(&ctx, v, ty, rows, cols, 1, Columns::All);
-                    }
-                }
-            }
-        }
-    }
-}
-
 #[test]
 fn variants_k_quants() {
     for ctx in contexts() {
@@ -825,14 +810,13 @@ fn variants_k_quants() {
 #[test]
 fn variants_split_weights() {
     for ctx in contexts() {
-        let small = GpuContext::from_adapter(
-            ctx.adapter.clone(),
-            &DeviceOptions {
+        let small = reopened(
+            ctx,
+            DeviceOptions {
                 max_binding: Some(1024),
                 ..Default::default()
             },
-        )
-        .expect("context");
+        );
         for v in variants(&small) {
             for ty in [GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q6_K] {
                 let cols = if ty.block_size() == 256 { 256 } else { 64 };
@@ -895,15 +879,14 @@ fn variants_in_memory(ctxs: &[GpuContext], memory: WeightMemory) {
             check_fused(ctx, v, GgmlType::Q4_K, &[70, 33, 33], 512, 1);
             check_fused(ctx, v, GgmlType::Q4_K, &[65, 65], 512, 9);
         }
-        let split = GpuContext::from_adapter(
-            ctx.adapter.clone(),
-            &DeviceOptions {
+        let split = reopened(
+            ctx,
+            DeviceOptions {
                 max_binding: Some(1024),
                 weights: Some(memory),
                 ..Default::default()
             },
-        )
-        .expect("context");
+        );
         for v in variants(&split) {
             for ty in [GgmlType::Q8_0, GgmlType::Q6_K] {
                 let cols = if ty.block_size() == 256 { 256 } else { 64 };
@@ -919,14 +902,13 @@ fn variants_with_few_storage_buffers() {
     // the store is shared by every variant, so three of them check it (on one adapter:
     // each is a pipeline of its own to compile).
     let ctx = &contexts()[0];
-    let few = GpuContext::from_adapter(
-        ctx.adapter.clone(),
-        &DeviceOptions {
+    let few = reopened(
+        ctx,
+        DeviceOptions {
             max_storage_buffers: Some(4),
             ..Default::default()
         },
-    )
-    .expect("context");
+    );
     assert!(!few.fused_outputs());
     for v in [Variant::Row, Variant::Win, Variant::Ks]
         .into_iter()
@@ -945,14 +927,13 @@ fn mr_reduces_in_workgroup_memory_too() {
         if ctx.fixed_subgroup().is_some() {
             assert!(mul_mat::mr_shape(ctx).1, "{}", label(ctx));
         }
-        let tree = GpuContext::from_adapter(
-            ctx.adapter.clone(),
-            &DeviceOptions {
+        let tree = reopened(
+            ctx,
+            DeviceOptions {
                 workgroup_reductions: true,
                 ..Default::default()
             },
-        )
-        .expect("context");
+        );
         assert_eq!(mul_mat::mr_shape(&tree), (64, false));
         for ty in [
             GgmlType::Q4_0,

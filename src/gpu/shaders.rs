@@ -57,6 +57,8 @@ const REDUCE_SG: &str = wgsl!("common/reduce_sg.wgsl");
 /// `wdot32_pre`, for decoders without their own.
 const DOT32_GENERIC: &str = wgsl!("common/quant/dot32_generic.wgsl");
 const DOT64_GENERIC: &str = wgsl!("common/quant/dot64_generic.wgsl");
+/// `wdot64_pre` from `k_block` and `wdot64_blk`, for the K-quants that have them.
+const DOT64_BLOCK: &str = wgsl!("common/quant/dot64_block.wgsl");
 /// `x_pre` and `wdot32_pre` (the products' dots with quants read in place,
 /// common/bytes.wgsl) from `wdot32`, for decoders without their own.
 const DOT32_PRE_GENERIC: &str = wgsl!("common/quant/dot32_pre_generic.wgsl");
@@ -530,7 +532,9 @@ pub fn quant_source_as(name: &str, ty: GgmlType, form: Form) -> Result<String> {
         }
         parts.push(DOT32_PRE_GENERIC);
     }
-    if !has("fn wdot64_pre(") {
+    if has("fn wdot64_blk(") {
+        parts.push(DOT64_BLOCK);
+    } else if !has("fn wdot64_pre(") {
         parts.push(DOT64_GENERIC);
     }
     if body.contains(&MUL_MAT_KS1I) {

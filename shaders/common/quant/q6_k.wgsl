@@ -96,23 +96,10 @@ fn q6k_centre(a: vec2<f32>, xp: array<vec4<f32>, 8>, xs: f32) -> vec2<f32> {
 }
 
 // Chunks s and s + 1 (s even) share their high bits' words, their scales' word and d:
-// loaded once, the pair takes 6 vec4 loads and 2 words instead of 8 and 4.
-// Activations from `x_pre`.
-fn wdot64_pre(
-    row_byte: u32,
-    c2: u32,
-    xa: array<vec4<f32>, 8>,
-    xb: array<vec4<f32>, 8>,
-    sa: f32,
-    sb: f32,
-) -> f32 {
-    let c = 2u * c2;
-    let sc = wu((q6k_block(row_byte, c) + 12u) * 4u + ((c & 7u) >> 1u));
-    return q6k_pair(row_byte, c2, sc, q6k_d(row_byte, c), xa, xb, sa, sb);
-}
-
-// What a lane whose run of chunk pairs lies in one block reads once per row
-// (`KBLOCK` in ops/mul_mat_ks1.wgsl): the texel of the block's sixteen scales, and d.
+// loaded once, the pair takes 6 vec4 loads and 2 words instead of 8 and 4
+// (`wdot64_blk`, and `wdot64_pre` in dot64_block.wgsl). A lane whose run of chunk
+// pairs lies in one block reads the block's part once per row (`KBLOCK` in
+// ops/mul_mat_ks1.wgsl): the texel of the block's sixteen scales, and d.
 struct KBlock {
     sc: vec4<u32>,
     d: f32,
@@ -122,26 +109,11 @@ fn k_block(row_byte: u32, c: u32) -> KBlock {
     return KBlock(wq(q6k_block(row_byte, c) + 12u), q6k_d(row_byte, c));
 }
 
-// `wdot64_pre` with the block's scales and d from `blk`.
+// Pair c2's dot, its scales and d from `blk`. Activations from `x_pre`.
 fn wdot64_blk(
     row_byte: u32,
     c2: u32,
     blk: KBlock,
-    xa: array<vec4<f32>, 8>,
-    xb: array<vec4<f32>, 8>,
-    sa: f32,
-    sb: f32,
-) -> f32 {
-    let sc = blk.sc[((2u * c2) & 7u) >> 1u];
-    return q6k_pair(row_byte, c2, sc, blk.d, xa, xb, sa, sb);
-}
-
-// Pair c2's dot, given its scales' word `scw` (scales[2s .. 2s + 3]) and the block's d.
-fn q6k_pair(
-    row_byte: u32,
-    c2: u32,
-    scw: u32,
-    d: f32,
     xa: array<vec4<f32>, 8>,
     xb: array<vec4<f32>, 8>,
     sa: f32,
@@ -155,12 +127,12 @@ fn q6k_pair(
     let lb = wq8(bq + n * 4u + 2u);
     let qh = wq8(bq + 8u + n * 2u);
     // scales[2s .. 2s + 3]: chunk s's two, then chunk s + 1's.
-    let sc = i8x4(scw);
+    let sc = i8x4(blk.sc[s >> 1u]);
     let sl = ((s >> 1u) & 1u) * 4u;
     let sh = (s & 3u) * 2u;
     let a = q6k_halves(la, qh, sl, sh, xa);
     let b = q6k_halves(lb, qh, sl, sh + 2u, xb);
     let ha = q6k_centre(a, xa, sa);
     let hb = q6k_centre(b, xb, sb);
-    return d * (dot(sc.xy, ha) + dot(sc.zw, hb));
+    return blk.d * (dot(sc.xy, ha) + dot(sc.zw, hb));
 }
