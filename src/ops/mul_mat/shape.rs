@@ -301,6 +301,12 @@ const KS1_MAX_SPLIT: u32 = 8;
 /// where it is too long for [`KS1_MAX_SPLIT`] subgroups or the device's workgroups, where
 /// the device's subgroups do not have one fixed size (the parts' sums are each
 /// subgroup's `subgroupAdd`), or with [`GpuContext::split_rows`] off.
+///
+/// Measured on lavapipe (docs/perf.md): 1.5-2.6x faster than `ks` at 4096 and 14336
+/// columns (Q6_K, whose pairs `ks` already walked, about even), a synthetic 8B model's
+/// decode 1.23x. Rows one subgroup holds stay whole: split in two at 2048 columns
+/// (four slots a lane against eight) they ran 1.5-1.7x slower, each lane's fixed work
+/// per row spread over half the slots.
 pub(super) fn ks1_split(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> Option<(u32, u32)> {
     let lanes = ctx.fixed_subgroup()?;
     if !ctx.split_rows || ks1_slots(ctx, n_chunks) > 0 {
