@@ -350,8 +350,8 @@ fn main(
         let s7 = slot(first, t, 7u, l, n_chunks, inv); // @slot 7
         var gate = 0.0;
         let group = l / row_lanes();
-        // Lane l's index in its subgroup.
-        let lane = select(l, l % WG, SPLIT > 1u);
+        // Lane l's index in its subgroup (l itself but with SPLIT).
+        let lane = l % WG;
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = 0.0;
             for (var j = 0u; j < min(WG, nr - i0); j += GROUPS) {

@@ -308,15 +308,15 @@ const KS1_MAX_SPLIT: u32 = 8;
 /// (four slots a lane against eight) they ran 1.5-1.7x slower, each lane's fixed work
 /// per row spread over half the slots.
 pub(super) fn ks1_split(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> Option<(u32, u32)> {
-    let lanes = ctx.fixed_subgroup()?;
+    let lanes = ctx.fixed_subgroup()?.max(1);
     if !ctx.split_rows || ks1_slots(ctx, n_chunks) > 0 {
         return None;
     }
     let l = &ctx.limits;
     let most = KS1_MAX_SPLIT
-        .min(l.max_compute_invocations_per_workgroup / lanes.max(1))
-        .min(l.max_compute_workgroup_size_x / lanes.max(1))
-        .min(l.max_compute_workgroup_storage_size / (2 * 4 * lanes.max(1)));
+        .min(l.max_compute_invocations_per_workgroup / lanes)
+        .min(l.max_compute_workgroup_size_x / lanes)
+        .min(l.max_compute_workgroup_storage_size / (2 * 4 * lanes));
     (2..=most).find_map(|split| {
         let slots = n_chunks.div_ceil((lanes * split) as u64);
         let slots = if ks_paired(ty) {
@@ -326,6 +326,19 @@ pub(super) fn ks1_split(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> Option
         };
         (slots <= KS1_MAX_SLOTS).then_some((split, slots as u32))
     })
+}
+
+/// A single-token `mul_mat_ks1` build's rows per subgroup pass, chunks per lane and
+/// subgroups per workgroup (`GROUPS`, `SLOTS`, `SPLIT`) for rows of `n_chunks` of `ty`:
+/// [`ks1_split`]'s where it splits the rows, else [`ks1_shape`]'s on one subgroup.
+pub(super) fn ks1_token_shape(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> (u32, u32, u32) {
+    match ks1_split(ctx, ty, n_chunks) {
+        Some((split, slots)) => (1, slots, split),
+        None => {
+            let (groups, slots) = ks1_shape(ctx, n_chunks);
+            (groups, slots, 1)
+        }
+    }
 }
 
 /// Whether `Ks` walks a single token's chunks in pairs (`PAIRED` in mul_mat_ks.wgsl):

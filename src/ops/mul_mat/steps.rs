@@ -206,13 +206,7 @@ fn kernels_compiled(
             Kernel::new(whole, Steps::Many),
         ]);
     }
-    let (groups, slots, split) = match ks1_split(ctx, ty, n_cols / 32) {
-        Some((split, slots)) => (1, slots, split),
-        None => {
-            let (groups, slots) = ks1_shape(ctx, n_cols / 32);
-            (groups, slots, 1)
-        }
-    };
+    let (groups, slots, split) = ks1_token_shape(ctx, ty, n_cols / 32);
     // Rows too long for the tile builds: `Ks`'s batches of fewer than `KS_TILE_MIN`
     // tokens run the single-token build too, so that a short prompt compiles no other
     // build before its first token.
