@@ -7,6 +7,8 @@
 //!
 //! Uses the real models in `models/` and the first adapter (lavapipe here).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -88,11 +90,17 @@ fn same_logits(model: &str, n: usize, most_builds: usize) {
 
 #[test]
 fn smollm2_chained_steps_give_the_same_logits() {
+    if !common::lavapipe_here("smollm2_chained_steps_give_the_same_logits") {
+        return;
+    }
     same_logits("SmolLM2-135M-Instruct.Q4_1.gguf", 12, 1);
 }
 
 #[test]
 fn gemma3_chained_steps_give_the_same_logits() {
+    if !common::lavapipe_here("gemma3_chained_steps_give_the_same_logits") {
+        return;
+    }
     same_logits("gemma-3-270m-q4_k_m.gguf", 6, 2);
 }
 
@@ -161,11 +169,17 @@ fn same_logits_past_the_attention_limit(model: &str) {
 
 #[test]
 fn smollm2_chains_past_the_attention_limit() {
+    if !common::lavapipe_here("smollm2_chains_past_the_attention_limit") {
+        return;
+    }
     same_logits_past_the_attention_limit("SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
 #[test]
 fn gemma3_chains_past_the_attention_limit() {
+    if !common::lavapipe_here("gemma3_chains_past_the_attention_limit") {
+        return;
+    }
     same_logits_past_the_attention_limit("gemma-3-270m-q4_k_m.gguf");
 }
 
@@ -174,6 +188,9 @@ fn gemma3_chains_past_the_attention_limit() {
 /// asked for, they run anyway.
 #[test]
 fn a_short_run_leaves_chains_off_unless_asked() {
+    if !common::lavapipe_here("a_short_run_leaves_chains_off_unless_asked") {
+        return;
+    }
     let ctx = |chains, few_tokens| {
         let opts = DeviceOptions {
             chains,

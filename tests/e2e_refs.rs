@@ -250,12 +250,18 @@ fn gpu_kernels() -> DeviceOptions {
 
 #[test]
 fn smollm2_gpu_kernels() {
+    if !common::lavapipe_here("smollm2_gpu_kernels") {
+        return;
+    }
     common::contexts();
     check_model_on(SMOL.0, SMOL.1, None, gpu_kernels(), "SmolLM2 GPU, mr");
 }
 
 #[test]
 fn gemma3_gpu_kernels() {
+    if !common::lavapipe_here("gemma3_gpu_kernels") {
+        return;
+    }
     common::contexts();
     check_model_on(GEMMA.0, GEMMA.1, None, gpu_kernels(), "Gemma 3 GPU, mr");
 }

@@ -151,7 +151,7 @@ fn qkv_product_rotates_and_appends_single_tokens() {
     }
     // lavapipe's Vulkan adapter runs the fused build; GL has no subgroups.
     assert!(
-        fused_runs > 0,
+        fused_runs > 0 || !lavapipe_here("qkv_product_rotates_and_appends_single_tokens"),
         "no adapter ran the product with RoPE at its end"
     );
 }

@@ -55,6 +55,30 @@ fn memory_contexts(memory: WeightMemory) -> &'static [GpuContext] {
     })
 }
 
+/// Whether lavapipe (Vulkan on the CPU: 8-lane subgroups, f16, chains, huge pages) is
+/// here for the tests written for it, or for a path only adapters with subgroups run.
+/// Where it is missing the test fails, as every GPU test does without its adapter;
+/// except where `WGPU_BACKEND` names backends that leave Vulkan out (a run on GL alone,
+/// to test its fallbacks): then `test` says so and gets false, and has nothing to run.
+pub fn lavapipe_here(test: &str) -> bool {
+    let found = enumerate().iter().any(|a| {
+        let info = a.get_info();
+        info.device_type == wgpu::DeviceType::Cpu && info.backend == wgpu::Backend::Vulkan
+    });
+    if found {
+        return true;
+    }
+    match std::env::var("WGPU_BACKEND") {
+        Ok(b) if !b.to_ascii_lowercase().contains("vulkan") => {
+            eprintln!("{test}: WGPU_BACKEND={b} leaves out lavapipe, which this test runs on");
+            false
+        }
+        _ => panic!(
+            "{test}: lavapipe not found: install mesa-vulkan-drivers — GPU tests fail rather than skip"
+        ),
+    }
+}
+
 fn contexts_with(opts: &DeviceOptions) -> Vec<GpuContext> {
     {
         let adapters = enumerate();
