@@ -260,6 +260,11 @@ fn norm_folded_into_products() {
             (GgmlType::Q8_0, 640),
             (GgmlType::Q5_0, 1536),
             (GgmlType::Q4_K, 1024),
+            // Seven and eight chunks a lane, the float tiles' most (`mul_mat_ks1i`'s
+            // types stop at six).
+            (GgmlType::Q8_0, 1792),
+            (GgmlType::Q4_K, 2048),
+            (GgmlType::Q5_0, 2048),
         ] {
             let memory = ctx.matrix_memory(ty);
             if !mul_mat::folds_norm(ctx, ty, (70, n_cols as u64), memory) {
@@ -547,8 +552,9 @@ fn variants_small_block_types() {
                 // columns four rows at once, 96 and 576 two (five chunks on four lanes
                 // each), 768 one (three chunks fill every lane), four at 800, six at
                 // 1536 (full), seven at 1568 and eight at 2048, whose batches run the
-                // single-token build below five tokens (four: one whole tile) and `ks`
-                // from five;
+                // float tiles (Q8_0, F16; four tokens: one whole tile, nine: two and a
+                // token after them), or for `mul_mat_ks1i`'s types, which hold at most
+                // six, the single-token build below five tokens and `ks` from five;
                 // 2080 run `ks` itself. Batches of two to four run `ks`'s build without
                 // tiles, and `mul_mat_ks1`'s single-token build alone (three tokens: no
                 // whole tile of four).
@@ -767,9 +773,10 @@ fn variants_k_quants() {
             for ty in GPU_TYPES.into_iter().filter(|t| t.block_size() == 256) {
                 // Single tokens of up to 2048 columns run `mul_mat_ks1` in `ks` on
                 // 8-lane subgroups: one chunk per lane at 256 columns, three at 768,
-                // four at 1024, six at 1536, eight at 2048 (in pairs; batches below
-                // five tokens there too, from five in `ks`); 1792 (seven, no pairs)
-                // runs `ks` itself, and 2304 splits its rows over two subgroups
+                // four at 1024, six at 1536, eight at 2048 (in pairs; batches in the
+                // float tiles, one chunk at a time: four tokens one whole tile, nine
+                // two and a token after them); 1792 (seven, no pairs) runs `ks`
+                // itself, and 2304 splits its rows over two subgroups
                 // (`rows_split_over_subgroups`).
                 for (rows, cols, toks) in [
                     (1, 256, 1),
@@ -781,6 +788,7 @@ fn variants_k_quants() {
                     (33, 1536, 1),
                     (33, 2048, 1),
                     (17, 2048, 4),
+                    (33, 2048, 9),
                     (33, 1792, 1),
                     (9, 2304, 1),
                 ] {

@@ -1,7 +1,7 @@
 // mul_mat for one token at a time (or four, with TILE), on rows short enough that one
 // subgroup holds all of a row's activations in registers: each of the WG lanes holds
-// SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it for single tokens on rows of
-// at most 8 * WG chunks, and batches of at most 6 * WG; the K-quants' single tokens
+// SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it on rows of at most 8 * WG
+// chunks, single tokens and batches, `ks1_batches_fit`; the K-quants' single tokens
 // dot a lane's chunks in pairs where it holds an even count, `PAIRS`). A workgroup is
 // one subgroup owning ROWS consecutive rows; per row, each lane dots its chunks,
 // `subgroupAdd` gives the row's sum, and lane j keeps row i0 + j's so that the lanes

@@ -258,10 +258,15 @@ pub(super) fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
 /// even), and Gemma 3's decode 1.03-1.05x (its Q6_K `ffn_down`, docs/perf.md).
 const KS1_MAX_SLOTS: u64 = 8;
 
-/// Most chunks a lane of `mul_mat_ks1`'s batch builds holds (`mul_mat_ks1i` has six
-/// `@slot` lines): each slot holds a tile's tokens, and past six the batches of longer
-/// rows run `ks` ([`ks1_batches_fit`]).
-const KS1_BATCH_MAX_SLOTS: u32 = 6;
+/// Most chunks a lane of `mul_mat_ks1i` holds (its `@slot` lines): each slot holds a
+/// tile's tokens, and past six the batches of longer rows of its types run `ks`
+/// ([`ks1_batches_fit`]). `mul_mat_ks1`'s float tiles hold up to [`KS1_MAX_SLOTS`].
+const KS1I_MAX_SLOTS: u32 = 6;
+
+/// Most chunks a lane of `mul_mat_ks1` holds one at a time for a K-quant (an odd count
+/// of slots, where its chunks cannot go in pairs): seven ran single tokens no faster
+/// than `ks` (docs/perf.md).
+const KS1_UNPAIRED_MAX_SLOTS: u32 = 6;
 
 /// Rows a single token's subgroup of `mul_mat_ks1` dots at once, and the chunks each
 /// lane then holds (`GROUPS` and `SLOTS` in common/ks1_lanes.wgsl), for rows of
@@ -357,24 +362,33 @@ pub(super) fn ks_paired(ty: GgmlType) -> bool {
 /// (four in a pair), gained nothing there one chunk at a time; in pairs it runs single
 /// tokens 1.17-1.25x and batches of 16 and 64 (the float tiles) 1.1-1.35x faster than
 /// in `ks`.
-/// Past [`KS1_BATCH_MAX_SLOTS`], the K-quants only on an even count of slots, in
-/// pairs: seven one at a time ran no faster than `ks` (docs/perf.md).
+/// Past [`KS1_UNPAIRED_MAX_SLOTS`], the K-quants only on an even count of slots, in
+/// pairs.
 /// Rows past [`KS1_MAX_SLOTS`] chunks a lane run there too where [`ks1_split`] splits
 /// them over a workgroup's subgroups.
 pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
     let slots = ks1_slots(ctx, n_cols / 32);
     let unpaired_k_quant = ks_paired(ty) && slots % 2 == 1;
-    let one_subgroup = slots > 0 && (slots <= KS1_BATCH_MAX_SLOTS || !unpaired_k_quant);
+    let one_subgroup = slots > 0 && (slots <= KS1_UNPAIRED_MAX_SLOTS || !unpaired_k_quant);
     matches!(v, Variant::Ks | Variant::KsU)
         && (one_subgroup || ks1_split(ctx, ty, n_cols / 32).is_some())
 }
 
-/// Whether batches of such a product run `mul_mat_ks1`'s tile builds too (or
-/// `mul_mat_ks1i`): rows of at most [`KS1_BATCH_MAX_SLOTS`] chunks per lane. Longer
-/// rows that [`ks1_fits`] run only their single tokens there, their batches in `ks`.
-pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, n_cols: u64) -> bool {
-    matches!(v, Variant::Ks | Variant::KsU)
-        && (1..=KS1_BATCH_MAX_SLOTS).contains(&ks1_slots(ctx, n_cols / 32))
+/// Whether batches of such a product of `ty` run `mul_mat_ks1`'s tile builds too (or
+/// `mul_mat_ks1i` for the types of [`ks1_int`]): rows of at most [`KS1_MAX_SLOTS`]
+/// chunks per lane ([`KS1I_MAX_SLOTS`] in `mul_mat_ks1i`). Longer rows that
+/// [`ks1_fits`] run only their single tokens there, their batches in `ks`.
+///
+/// The float tiles at seven and eight slots (1792 and 2048 columns on 8-lane
+/// subgroups), measured on lavapipe against `ks` (docs/perf.md): 2048x12288 at 16 and
+/// 64 tokens Q4_K 1.2x, Q8_0 1.3x, Q6_K 1.1-1.45x.
+pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
+    let most = if ks1_int(ty) {
+        KS1I_MAX_SLOTS
+    } else {
+        KS1_MAX_SLOTS as u32
+    };
+    matches!(v, Variant::Ks | Variant::KsU) && (1..=most).contains(&ks1_slots(ctx, n_cols / 32))
 }
 
 /// Whether batches of a `Ks` product of `ty` that [`ks1_fits`] run `mul_mat_ks1i`,
