@@ -260,8 +260,7 @@ fn norm_folded_into_products() {
             (GgmlType::Q8_0, 640),
             (GgmlType::Q5_0, 1536),
             (GgmlType::Q4_K, 1024),
-            // Seven and eight chunks a lane, the float tiles' most (`mul_mat_ks1i`'s
-            // types stop at six).
+            // Seven and eight chunks a lane, the most a subgroup holds.
             (GgmlType::Q8_0, 1792),
             (GgmlType::Q4_K, 2048),
             (GgmlType::Q5_0, 2048),
@@ -552,9 +551,8 @@ fn variants_small_block_types() {
                 // columns four rows at once, 96 and 576 two (five chunks on four lanes
                 // each), 768 one (three chunks fill every lane), four at 800, six at
                 // 1536 (full), seven at 1568 and eight at 2048, whose batches run the
-                // float tiles (Q8_0, F16; four tokens: one whole tile, nine: two and a
-                // token after them), or for `mul_mat_ks1i`'s types, which hold at most
-                // six, the single-token build below five tokens and `ks` from five;
+                // tiles too (four tokens: one whole tile; nine: two, and for the float
+                // tiles a token after them);
                 // 2080 run `ks` itself. Batches of two to four run `ks`'s build without
                 // tiles, and `mul_mat_ks1`'s single-token build alone (three tokens: no
                 // whole tile of four).
@@ -1034,6 +1032,8 @@ fn ks1i_tiles_of_eight() {
         ] {
             for (rows, cols, toks) in [
                 (67, 1536, 66),
+                (33, 2048, 66),
+                (19, 1792, min),
                 (33, 576, 69),
                 (33, 576, min),
                 (33, 576, min - 1),

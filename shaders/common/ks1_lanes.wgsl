@@ -14,7 +14,7 @@ override WG: u32 = 8u;
 fn wg_rows() -> u32 {
     return p.wg_rows;
 }
-// Chunks per lane, 1 to 8 (6 in mul_mat_ks1i): the fewest that cover a row
+// Chunks per lane, 1 to 8: the fewest that cover a row
 // (`ops::mul_mat::ks1_slots`).
 // The host drops the lines of the slots past SLOTS from the source (their `@slot k`
 // marks, see `row_dot` in ops/mul_mat_ks1.wgsl).

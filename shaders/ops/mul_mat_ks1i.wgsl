@@ -141,6 +141,8 @@ fn rows_dot4(
     s3: QSlot4, // @slot 3
     s4: QSlot4, // @slot 4
     s5: QSlot4, // @slot 5
+    s6: QSlot4, // @slot 6
+    s7: QSlot4, // @slot 7
 ) -> Pair4 {
     var v = qslot4_dot(rb_a, rb_b, s0);
     v = add4(v, qslot4_dot(rb_a, rb_b, s1)); // @slot 1
@@ -148,6 +150,8 @@ fn rows_dot4(
     v = add4(v, qslot4_dot(rb_a, rb_b, s3)); // @slot 3
     v = add4(v, qslot4_dot(rb_a, rb_b, s4)); // @slot 4
     v = add4(v, qslot4_dot(rb_a, rb_b, s5)); // @slot 5
+    v = add4(v, qslot4_dot(rb_a, rb_b, s6)); // @slot 6
+    v = add4(v, qslot4_dot(rb_a, rb_b, s7)); // @slot 7
     return v;
 }
 // @end tile4
@@ -180,12 +184,16 @@ fn rows_dot8(
     s3: QSlot4, // @slot 3
     s4: QSlot4, // @slot 4
     s5: QSlot4, // @slot 5
+    s6: QSlot4, // @slot 6
+    s7: QSlot4, // @slot 7
     u0: QSlot4,
     u1: QSlot4, // @slot 1
     u2: QSlot4, // @slot 2
     u3: QSlot4, // @slot 3
     u4: QSlot4, // @slot 4
     u5: QSlot4, // @slot 5
+    u6: QSlot4, // @slot 6
+    u7: QSlot4, // @slot 7
 ) -> Pair8 {
     var v = qslot8_dot(rb_a, rb_b, s0, u0);
     v = add8(v, qslot8_dot(rb_a, rb_b, s1, u1)); // @slot 1
@@ -193,6 +201,8 @@ fn rows_dot8(
     v = add8(v, qslot8_dot(rb_a, rb_b, s3, u3)); // @slot 3
     v = add8(v, qslot8_dot(rb_a, rb_b, s4, u4)); // @slot 4
     v = add8(v, qslot8_dot(rb_a, rb_b, s5, u5)); // @slot 5
+    v = add8(v, qslot8_dot(rb_a, rb_b, s6, u6)); // @slot 6
+    v = add8(v, qslot8_dot(rb_a, rb_b, s7, u7)); // @slot 7
     return v;
 }
 // @end tile8
@@ -245,6 +255,8 @@ fn main(
         let s3 = qslot4(first, tt, 3u, l, n_chunks, inv); // @slot 3
         let s4 = qslot4(first, tt, 4u, l, n_chunks, inv); // @slot 4
         let s5 = qslot4(first, tt, 5u, l, n_chunks, inv); // @slot 5
+        let s6 = qslot4(first, tt, 6u, l, n_chunks, inv); // @slot 6
+        let s7 = qslot4(first, tt, 7u, l, n_chunks, inv); // @slot 7
         // @begin tile8
         let tu = min(vec4<u32>(t + 4u) + lanes, vec4<u32>(n_out - 1u));
         let inv_u = norm_inv4(first, tu, l, n_chunks);
@@ -254,6 +266,8 @@ fn main(
         let u3 = qslot4(first, tu, 3u, l, n_chunks, inv_u); // @slot 3
         let u4 = qslot4(first, tu, 4u, l, n_chunks, inv_u); // @slot 4
         let u5 = qslot4(first, tu, 5u, l, n_chunks, inv_u); // @slot 5
+        let u6 = qslot4(first, tu, 6u, l, n_chunks, inv_u); // @slot 6
+        let u7 = qslot4(first, tu, 7u, l, n_chunks, inv_u); // @slot 7
         // @end tile8
         for (var i0 = 0u; i0 < nr; i0 += WG) {
             var mine = vec4<f32>();
@@ -275,6 +289,8 @@ fn main(
                     s3, // @slot 3
                     s4, // @slot 4
                     s5, // @slot 5
+                    s6, // @slot 6
+                    s7, // @slot 7
                 );
                 mine = select(mine, lane_sum4(v.a), l == j);
                 mine = select(mine, lane_sum4(v.b), l == j + 1u);
@@ -289,12 +305,16 @@ fn main(
                     s3, // @slot 3
                     s4, // @slot 4
                     s5, // @slot 5
+                    s6, // @slot 6
+                    s7, // @slot 7
                     u0,
                     u1, // @slot 1
                     u2, // @slot 2
                     u3, // @slot 3
                     u4, // @slot 4
                     u5, // @slot 5
+                    u6, // @slot 6
+                    u7, // @slot 7
                 );
                 mine = select(mine, lane_sum4(v8.lo.a), l == j);
                 mine = select(mine, lane_sum4(v8.lo.b), l == j + 1u);

@@ -258,11 +258,6 @@ pub(super) fn ks1_slots(ctx: &GpuContext, n_chunks: u64) -> u32 {
 /// even), and Gemma 3's decode 1.03-1.05x (its Q6_K `ffn_down`, docs/perf.md).
 const KS1_MAX_SLOTS: u64 = 8;
 
-/// Most chunks a lane of `mul_mat_ks1i` holds (its `@slot` lines): each slot holds a
-/// tile's tokens, and past six the batches of longer rows of its types run `ks`
-/// ([`ks1_batches_fit`]). `mul_mat_ks1`'s float tiles hold up to [`KS1_MAX_SLOTS`].
-const KS1I_MAX_SLOTS: u32 = 6;
-
 /// Most chunks a lane of `mul_mat_ks1` holds one at a time for a K-quant (an odd count
 /// of slots, where its chunks cannot go in pairs): seven ran single tokens no faster
 /// than `ks` (docs/perf.md).
@@ -374,21 +369,19 @@ pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) 
         && (one_subgroup || ks1_split(ctx, ty, n_cols / 32).is_some())
 }
 
-/// Whether batches of such a product of `ty` run `mul_mat_ks1`'s tile builds too (or
+/// Whether batches of such a product run `mul_mat_ks1`'s tile builds too (or
 /// `mul_mat_ks1i` for the types of [`ks1_int`]): rows of at most [`KS1_MAX_SLOTS`]
-/// chunks per lane ([`KS1I_MAX_SLOTS`] in `mul_mat_ks1i`). Longer rows that
-/// [`ks1_fits`] run only their single tokens there, their batches in `ks`.
+/// chunks per lane. Longer rows that [`ks1_fits`] run only their single tokens there,
+/// their batches in `ks`.
 ///
-/// The float tiles at seven and eight slots (1792 and 2048 columns on 8-lane
-/// subgroups), measured on lavapipe against `ks` (docs/perf.md): 2048x12288 at 16 and
-/// 64 tokens Q4_K 1.2x, Q8_0 1.3x, Q6_K 1.1-1.45x.
-pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
-    let most = if ks1_int(ty) {
-        KS1I_MAX_SLOTS
-    } else {
-        KS1_MAX_SLOTS as u32
-    };
-    matches!(v, Variant::Ks | Variant::KsU) && (1..=most).contains(&ks1_slots(ctx, n_cols / 32))
+/// At seven and eight slots (1792 and 2048 columns on 8-lane subgroups), measured on
+/// lavapipe against `ks` (docs/perf.md), 2048x12288 at 16 and 64 tokens: Q4_0 and
+/// Q4_1 1.5-1.7x, Q5_0 1.3-1.45x (`mul_mat_ks1i`), Q8_0 1.3x, Q4_K 1.2x, Q6_K
+/// 1.1-1.45x (the float tiles); synthetic 1B models' prompts (2048 columns) 1.27-1.37x
+/// (Q4_0) and 1.10-1.17x (Q4_K_M).
+pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, n_cols: u64) -> bool {
+    matches!(v, Variant::Ks | Variant::KsU)
+        && (1..=KS1_MAX_SLOTS as u32).contains(&ks1_slots(ctx, n_cols / 32))
 }
 
 /// Whether batches of a `Ks` product of `ty` that [`ks1_fits`] run `mul_mat_ks1i`,
