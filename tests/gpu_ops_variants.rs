@@ -260,8 +260,10 @@ fn norm_folded_into_products() {
             (GgmlType::Q8_0, 640),
             (GgmlType::Q5_0, 1536),
             (GgmlType::Q4_K, 1024),
-            // Seven and eight chunks a lane, the most a subgroup holds.
+            // Seven and eight chunks a lane, the most a subgroup holds (a K-quant's
+            // seven, which `mul_mat_ks1` does not take, fold nothing).
             (GgmlType::Q8_0, 1792),
+            (GgmlType::Q4_K, 1792),
             (GgmlType::Q4_K, 2048),
             (GgmlType::Q5_0, 2048),
         ] {

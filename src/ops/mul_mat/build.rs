@@ -56,7 +56,8 @@ pub(super) struct Ks1 {
     /// Chunks per lane ([`ks1_slots`]; [`ks1_shape`] for single tokens).
     pub(super) slots: u32,
     /// Subgroups a single token's workgroup splits each row over (`SPLIT`,
-    /// [`ks1_split`]); 1 in the batch builds and on rows one subgroup holds.
+    /// [`ks1_split`]); 1 in the batch builds, which run only rows one subgroup holds,
+    /// and on such rows.
     pub(super) split: u32,
     /// Rows a single token's subgroup dots at once (`GROUPS`, [`ks1_shape`]); 1 in the
     /// batch builds.
@@ -82,13 +83,9 @@ pub(super) struct Ks1 {
 }
 
 impl Ks1 {
-    /// Subgroups per workgroup: [`Ks1::split`] in single-token builds, else 1.
+    /// Subgroups per workgroup ([`Ks1::split`]).
     pub(super) fn subgroups(self) -> u32 {
-        if self.tile == 1 {
-            self.split.max(1)
-        } else {
-            1
-        }
+        self.split.max(1)
     }
 }
 

@@ -71,7 +71,7 @@ pub fn folds_norm(
         && n_cols * 4 <= VECTOR_UNIFORM_BYTES
         && n_rows <= FOLD_MAX_ROWS
         && matches!(v, Ok(Variant::Ks))
-        && ks1_batches_fit(ctx, Variant::Ks, n_cols)
+        && ks1_batches_fit(ctx, Variant::Ks, ty, n_cols)
 }
 
 /// The most rows of a product that folds the norm before it ([`folds_norm`]).

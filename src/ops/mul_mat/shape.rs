@@ -369,19 +369,18 @@ pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) 
         && (one_subgroup || ks1_split(ctx, ty, n_cols / 32).is_some())
 }
 
-/// Whether batches of such a product run `mul_mat_ks1`'s tile builds too (or
-/// `mul_mat_ks1i` for the types of [`ks1_int`]): rows of at most [`KS1_MAX_SLOTS`]
-/// chunks per lane. Longer rows that [`ks1_fits`] run only their single tokens there,
-/// their batches in `ks`.
+/// Whether batches of a product of `ty` run `mul_mat_ks1`'s tile builds (or
+/// `mul_mat_ks1i` for the types of [`ks1_int`]): products that [`ks1_fits`], on rows of
+/// at most [`KS1_MAX_SLOTS`] chunks per lane. Longer rows that [`ks1_fits`] (split
+/// over subgroups) run only their single tokens there, their batches in `ks`.
 ///
 /// At seven and eight slots (1792 and 2048 columns on 8-lane subgroups), measured on
 /// lavapipe against `ks` (docs/perf.md), 2048x12288 at 16 and 64 tokens: Q4_0 and
 /// Q4_1 1.5-1.7x, Q5_0 1.3-1.45x (`mul_mat_ks1i`), Q8_0 1.3x, Q4_K 1.2x, Q6_K
 /// 1.1-1.45x (the float tiles); synthetic 1B models' prompts (2048 columns) 1.27-1.37x
 /// (Q4_0) and 1.10-1.17x (Q4_K_M).
-pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, n_cols: u64) -> bool {
-    matches!(v, Variant::Ks | Variant::KsU)
-        && (1..=KS1_MAX_SLOTS as u32).contains(&ks1_slots(ctx, n_cols / 32))
+pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
+    ks1_fits(ctx, v, ty, n_cols) && ks1_slots(ctx, n_cols / 32) > 0
 }
 
 /// Whether batches of a `Ks` product of `ty` that [`ks1_fits`] run `mul_mat_ks1i`,

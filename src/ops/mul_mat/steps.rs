@@ -210,7 +210,7 @@ fn kernels_compiled(
     // Rows too long for the tile builds: `Ks`'s batches of fewer than `KS_TILE_MIN`
     // tokens run the single-token build too, so that a short prompt compiles no other
     // build before its first token.
-    let every_token = v == Variant::Ks && !ks1_batches_fit(ctx, v, n_cols);
+    let every_token = v == Variant::Ks && !ks1_batches_fit(ctx, v, ty, n_cols);
     let one = Ks1 {
         slots,
         split,
@@ -248,6 +248,7 @@ fn kernels_compiled(
                     tile,
                     slots: ks1_slots(ctx, n_cols / 32),
                     groups: 1,
+                    split: 1,
                     ..one
                 });
                 kernel_pipeline(ctx, ty, v, memory, (build, LATER))
