@@ -766,6 +766,88 @@ fn rows_split_over_subgroups() {
     }
 }
 
+/// Batches of rows too long for one subgroup's `mul_mat_ks1` slots, of the types
+/// `mul_mat_ks1i` dots in integers, in its tiles over slices of the columns
+/// (`DeviceOptions::sliced_batches`, on by default where single tokens split such rows),
+/// each slice adding into the output: two slices of equal slots (4096 columns), a short
+/// last slice (2080: 40 and 25 chunks; 5632: 64, 64 and 48), seven slices (14336),
+/// several workgroups of rows; tiles of four and of eight; an added store and fused
+/// outputs. With it off, or for the float tiles' types, `ks` runs them, its
+/// activations unquantized.
+#[test]
+fn batches_in_slices_of_columns() {
+    let mut ran = 0;
+    let eight = mul_mat::KS1I_EIGHT_MIN as usize;
+    for ctx in contexts() {
+        if !Variant::Ks.available(ctx) || ctx.fixed_subgroup().is_none() {
+            continue;
+        }
+        ran += 1;
+        for sliced in [false, true] {
+            let ctx = reopened(
+                ctx,
+                DeviceOptions {
+                    sliced_batches: Some(sliced),
+                    ..Default::default()
+                },
+            );
+            for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K] {
+                let gw = upload(&ctx, ty, 9, 4096, &weight(ty, 9, 4096, 3));
+                let q8 = mul_mat::quantizes_batches(&ctx, Variant::Ks, &gw, Columns::All);
+                let int = ty == GgmlType::Q4_0;
+                assert_eq!(
+                    q8,
+                    sliced && int,
+                    "{ty} batches quantized on {}",
+                    label(&ctx)
+                );
+            }
+        }
+        let types = [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+        ];
+        for ty in types {
+            for (rows, cols, toks) in [
+                (33, 2080, 9),
+                (150, 4096, 8),
+                (9, 5632, 6),
+                (9, 14336, 5),
+                (17, 4096, eight + 2),
+            ] {
+                check(ctx, Variant::Ks, ty, rows, cols, toks, Columns::All);
+            }
+        }
+        check_store(
+            ctx,
+            Variant::Ks,
+            GgmlType::Q4_0,
+            67,
+            4096,
+            eight + 1,
+            Columns::All,
+            Store::Add,
+        );
+        check_store(
+            ctx,
+            Variant::Ks,
+            GgmlType::Q5_1,
+            67,
+            2304,
+            7,
+            Columns::All,
+            Store::Add,
+        );
+        check_fused(ctx, Variant::Ks, GgmlType::Q4_1, &[70, 33, 33], 4096, 8);
+    }
+    assert!(
+        ran > 0 || !lavapipe_here("batches_in_slices_of_columns"),
+        "no adapter ran ks"
+    );
+}
+
 #[test]
 fn variants_k_quants() {
     for ctx in contexts() {

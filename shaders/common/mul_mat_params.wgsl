@@ -32,6 +32,14 @@ struct Params {
     // Output tokens per workgroup of the `Ks` family: workgroup z walks tokens
     // tok0 + z tok_win .. (common/x_chunk.wgsl, `ops::mul_mat::ks_tok_win`).
     tok_win: u32,
+    // The chunks of 32 columns `mul_mat_ks1` and `mul_mat_ks1i` dot: chunk0 ..
+    // chunk0 + chunk_n. The whole row (0, n_cols / 32), or where a batch's rows are too
+    // long for the slots, a slice of them per dispatch (`ops::mul_mat::ks1_slices`),
+    // every slice past the first adding into the output.
+    chunk0: u32,
+    chunk_n: u32,
+    _pad0: u32,
+    _pad1: u32,
     _pad2: u32,
 }
 

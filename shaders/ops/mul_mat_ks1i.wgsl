@@ -241,7 +241,7 @@ fn main(
     }
     let r0 = w.r0;
     let nr = w.nr;
-    let n_chunks = p.n_cols / 32u;
+    let n_chunks = p.chunk_n;
     let first = w.first;
     let n_out = w.n_out;
     let out0 = p.row0 + r0;

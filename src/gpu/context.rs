@@ -44,6 +44,11 @@ pub struct DeviceOptions {
     /// (`Some(false)`); `None`: on CPU-hosted drivers only ([`GpuContext::split_rows`];
     /// tests run both paths on one adapter).
     pub split_rows: Option<bool>,
+    /// Batches of rows too long for one subgroup of `mul_mat_ks1` run its tile builds
+    /// over slices of the columns, each slice adding into the output (`Some(true)`),
+    /// or run `mul_mat_ks` (`Some(false)`); `None`: where [`DeviceOptions::split_rows`]
+    /// holds ([`GpuContext::sliced_batches`]; tests run both paths on one adapter).
+    pub sliced_batches: Option<bool>,
     /// Aim for about this many workgroups per single-token `mul_mat_ks1` product on
     /// CPU-hosted drivers, instead of one per driver thread (`ops::mul_mat::ks1_rows`;
     /// the bench compares counts in one process).
@@ -250,6 +255,11 @@ pub struct GpuContext {
     /// read such rows (8B shapes) at about half the rate (docs/perf.md); not measured on
     /// a GPU.
     pub split_rows: bool,
+    /// Whether batches of rows past a subgroup's `mul_mat_ks1` slots run its tile builds
+    /// over slices of the columns ([`DeviceOptions::sliced_batches`],
+    /// `ops::mul_mat::ks1_slices`). By default where single tokens split such rows
+    /// ([`GpuContext::split_rows`]), whose builds run the tokens the tiles leave.
+    pub sliced_batches: bool,
     /// [`DeviceOptions::ks1_groups`].
     pub ks1_groups: Option<u32>,
     /// [`DeviceOptions::ks1_max_rows`].
@@ -559,6 +569,7 @@ impl GpuContext {
         let split_rows = opts
             .split_rows
             .unwrap_or(info.device_type == wgpu::DeviceType::Cpu);
+        let sliced_batches = opts.sliced_batches.unwrap_or(split_rows);
         Ok(GpuContext {
             unused_output,
             forced_weights,
@@ -578,6 +589,7 @@ impl GpuContext {
             one_row_at_a_time: opts.one_row_at_a_time,
             field_runs,
             split_rows,
+            sliced_batches,
             ks1_groups: opts.ks1_groups,
             ks1_max_rows: opts.ks1_max_rows,
             forced_mul_mat: opts.mul_mat.clone(),

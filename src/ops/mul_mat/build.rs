@@ -72,7 +72,7 @@ pub(super) struct Ks1 {
     /// (`mul_mat_ks1nr`, [`gpu_qkv_rope`]).
     pub(super) rope: Option<RopeBuild>,
     /// A single-token build that runs every token of its steps one at a time
-    /// (`TAILS` off), for rows too long for the tile builds ([`ks1_batches_fit`]):
+    /// (`TAILS` off), for rows too long for the tile builds ([`ks1_tiles_run`]):
     /// otherwise it runs only the tokens a batch's whole tiles leave, the tile build
     /// the rest.
     pub(super) every_token: bool,

@@ -12,7 +12,7 @@ pub fn quantizes_batches(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Colu
         return false;
     };
     let v = for_product(ctx, v, (w.n_rows(), n_cols), cols);
-    cols == Columns::All && v == Variant::Ks && ks1_batches_fit(ctx, v, ty, n_cols) && ks1_int(ty)
+    cols == Columns::All && v == Variant::Ks && ks1_tiles_run(ctx, v, ty, n_cols) && ks1_int(ty)
 }
 
 /// [`quantizes_batches`] for the variant [`gpu`] runs.

@@ -72,7 +72,11 @@ pub(super) struct WinParams {
     pub(super) wg_rows: u32,
     /// Output tokens per workgroup of the `Ks` family ([`ks_tok_win`]).
     pub(super) tok_win: u32,
-    _pad: u32,
+    /// The chunks of 32 columns `mul_mat_ks1`'s builds dot: the whole row, or a slice
+    /// of it ([`WinParams::slice`]).
+    chunk0: u32,
+    chunk_n: u32,
+    _pad: [u32; 3],
 }
 
 impl WinParams {
@@ -107,7 +111,25 @@ impl WinParams {
             glu: out.glu,
             wg_rows: KS_ROWS,
             tok_win: KS_TOK_WIN_ALL,
-            _pad: 0,
+            chunk0: 0,
+            chunk_n: (w.n_cols() / 32) as u32,
+            _pad: [0; 3],
+        }
+    }
+
+    /// These parameters for slice `i` of a batch's columns, `chunks` chunks of 32 each
+    /// ([`ks1_slices`]; the last slice may be shorter): its columns only, stored as the
+    /// product's store for the first slice and added to the output after that.
+    pub(super) fn slice(self, i: u32, chunks: u32) -> WinParams {
+        let chunk0 = i * chunks;
+        WinParams {
+            base: Params {
+                acc: (self.base.acc != 0 || i > 0) as u32,
+                ..self.base
+            },
+            chunk0,
+            chunk_n: (self.base.n_cols / 32 - chunk0).min(chunks),
+            ..self
         }
     }
 }
@@ -191,6 +213,8 @@ mod mirror_tests {
             glu,
             wg_rows,
             tok_win,
+            chunk0,
+            chunk_n,
         });
         wgsl_mirror!(super::CopyParams, "ops/mul_mat_xcopy.wgsl", "Params", {
             x_stride, tok0, tok_n, last_only

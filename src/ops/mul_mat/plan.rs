@@ -205,10 +205,21 @@ fn part_dispatches(
     };
     let max_groups = ctx.limits.max_compute_workgroups_per_dimension.max(1);
     let label = format!("mul_mat {}", w.name);
-    w.parts
+    // A tile build over slices of the columns: one dispatch per part and slice.
+    let (chunks, n_slices) = match kernel.slice {
+        Some(c) => (c, (w.n_cols() / 32).div_ceil(c.max(1) as u64) as u32),
+        None => (0, 1),
+    };
+    let pieces = w
+        .parts
         .iter()
-        .map(|part| {
+        .flat_map(|part| (0..n_slices).map(move |i| (part, i)));
+    pieces
+        .map(|(part, i)| {
             let mut wp = WinParams::new(w, part, cols, out, window, toks);
+            if kernel.slice.is_some() {
+                wp = wp.slice(i, chunks);
+            }
             if let Some(walk) = kernel.ks1 {
                 wp.wg_rows = ks1_rows(ctx, part.n_rows, walk);
             }

@@ -383,6 +383,47 @@ pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols
     ks1_fits(ctx, v, ty, n_cols) && ks1_slots(ctx, n_cols / 32) > 0
 }
 
+/// For batches of a `Ks` product of `ty` on rows too long for one subgroup's slots
+/// (past [`KS1_MAX_SLOTS`] chunks a lane, whose single tokens [`ks1_split`] splits), the
+/// slices of columns `mul_mat_ks1i`'s tiles walk them in, one dispatch each: the chunks
+/// per slice (the last may hold fewer) and the slots per lane. Each slice's tiles add
+/// the products of its columns into the output, so that a tile holds the activations of
+/// at most [`KS1_MAX_SLOTS`] chunks a lane in registers; slices of equal slots, the
+/// fewest that hold the row. `None` where the rows fit one subgroup
+/// ([`ks1_batches_fit`]), where single tokens do not split them, for the types
+/// `mul_mat_ks1i` does not take ([`ks1_int`]), or with [`GpuContext::sliced_batches`]
+/// off.
+///
+/// Measured on lavapipe against `mul_mat_ks` (docs/perf.md, "Batches past 2048 columns
+/// in slices"), 16 and 64 tokens at 4096, 8192 and 14336 columns: Q4_0, Q4_1 and Q5_0
+/// 1.1-1.45x. The float tiles gained too little to keep: Q8_0 1.05-1.15x but 0.7x at
+/// 14336 columns and 64 tokens, Q4_K even, Q6_K 0.9x; a synthetic 1B Q4_K_M model's
+/// `ffn_down` (8192 columns) took 1.12x as long in a 235-token prompt.
+pub(super) fn ks1_slices(
+    ctx: &GpuContext,
+    v: Variant,
+    ty: GgmlType,
+    n_cols: u64,
+) -> Option<(u32, u32)> {
+    let n_chunks = n_cols / 32;
+    let splits = ks1_split(ctx, ty, n_chunks).is_some();
+    if !ctx.sliced_batches || v != Variant::Ks || !ks1_int(ty) || !splits {
+        return None;
+    }
+    let lanes = ctx.fixed_subgroup()?.max(1) as u64;
+    let slices = n_chunks.div_ceil(lanes * KS1_MAX_SLOTS);
+    let slots = n_chunks.div_ceil(slices * lanes);
+    let chunks = u32::try_from(slots * lanes).ok()?;
+    Some((chunks, slots as u32))
+}
+
+/// Whether batches of a `Ks` product of `ty` run `mul_mat_ks1`'s tile builds (or
+/// `mul_mat_ks1i`), over whole rows ([`ks1_batches_fit`]) or slices of them
+/// ([`ks1_slices`]).
+pub(super) fn ks1_tiles_run(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
+    ks1_batches_fit(ctx, v, ty, n_cols) || ks1_slices(ctx, v, ty, n_cols).is_some()
+}
+
 /// Whether batches of a `Ks` product of `ty` that [`ks1_fits`] run `mul_mat_ks1i`,
 /// which quantizes the activations to 8 bits per chunk of 32 (as ggml's CPU backend
 /// does for these types) and dots two rows at a time in packed integers, instead of

@@ -90,6 +90,9 @@ pub(super) struct Kernel {
     /// For the builds of `mul_mat_ks1` and `mul_mat_ks1i`, whose rows per workgroup the
     /// host chooses ([`ks1_rows`]), what they walk.
     pub(super) ks1: Option<Ks1Walk>,
+    /// For a tile build over slices of the columns ([`ks1_slices`]), the chunks per
+    /// slice: one dispatch per slice.
+    pub(super) slice: Option<u32>,
 }
 
 impl Kernel {
@@ -100,6 +103,7 @@ impl Kernel {
             tiled: false,
             stores_glu: false,
             ks1: None,
+            slice: None,
         }
     }
 
@@ -118,7 +122,8 @@ impl Kernel {
 /// of four tokens over the whole tiles beside the single-token build over the one to
 /// three tokens left (`Ks`; `KsU` batches run its own tiles; for the types of
 /// [`ks1_int`], `mul_mat_ks1i` over every token of a batch, in tiles of four or, from
-/// [`KS1I_EIGHT_MIN`] tokens, of eight). Builds that only batches run compile when a
+/// [`KS1I_EIGHT_MIN`] tokens, of eight; over rows too long for one subgroup, a dispatch
+/// per slice of the columns, [`ks1_slices`]). Builds that only batches run compile when a
 /// step first runs them ([`warm`] compiles those of a given batch size). A product of
 /// the last token alone never compiles a tile build. With `normed`, both fold in the
 /// norm before the product ([`folds_norm`]). With `ones_elsewhere`, another kernel
@@ -207,10 +212,12 @@ fn kernels_compiled(
         ]);
     }
     let (groups, slots, split) = ks1_token_shape(ctx, ty, n_cols / 32);
+    // Rows too long for one subgroup's slots: batches in slices of the columns, if any.
+    let sliced = ks1_slices(ctx, v, ty, n_cols);
     // Rows too long for the tile builds: `Ks`'s batches of fewer than `KS_TILE_MIN`
     // tokens run the single-token build too, so that a short prompt compiles no other
     // build before its first token.
-    let every_token = v == Variant::Ks && !ks1_batches_fit(ctx, v, ty, n_cols);
+    let every_token = v == Variant::Ks && !ks1_tiles_run(ctx, v, ty, n_cols);
     let one = Ks1 {
         slots,
         split,
@@ -241,29 +248,36 @@ fn kernels_compiled(
             single(Steps::Few),
             Kernel::new(pipeline(ctx, ty, v, memory, LATER)?, Steps::Many),
         ],
-        // The tile build runs a batch's whole tiles, the single-token build the rest.
+        // The tile build runs a batch's whole tiles (over whole rows or each slice of
+        // their columns), the single-token build the rest.
         Variant::Ks => {
-            let build = |tile| {
+            let (slice, tile_slots) = match sliced {
+                Some((chunks, slots)) => (Some(chunks), slots),
+                None => (None, ks1_slots(ctx, n_cols / 32)),
+            };
+            let build = |tile, steps| {
                 let build = Build::Ks1(Ks1 {
                     tile,
-                    slots: ks1_slots(ctx, n_cols / 32),
+                    slots: tile_slots,
                     groups: 1,
                     split: 1,
                     ..one
                 });
-                kernel_pipeline(ctx, ty, v, memory, (build, LATER))
+                let pipe = kernel_pipeline(ctx, ty, v, memory, (build, LATER))?;
+                Result::Ok(Kernel {
+                    slice,
+                    ..Kernel::ks1(pipe, steps, Ks1Walk::Tiles)
+                })
             };
-            let tiles = build(KS1_TILE)?;
             if ks1_int(ty) {
                 // `mul_mat_ks1i` runs every token of a batch, its last tile padded.
                 vec![
                     single(Steps::One),
-                    Kernel::ks1(tiles, Steps::Fours, Ks1Walk::Tiles),
-                    Kernel::ks1(build(8)?, Steps::Eights, Ks1Walk::Tiles),
+                    build(KS1_TILE, Steps::Fours)?,
+                    build(8, Steps::Eights)?,
                 ]
             } else {
-                let tiles = Kernel::ks1(tiles, Steps::Tiles, Ks1Walk::Tiles);
-                vec![single(Steps::OneOrTail), tiles]
+                vec![single(Steps::OneOrTail), build(KS1_TILE, Steps::Tiles)?]
             }
         }
         // `KsU` folds a norm only into products of the last token (`for_product`).
