@@ -124,11 +124,26 @@ fn pair4_dot(w: PairChunk, s: QSlot4) -> Pair4 {
     );
 }
 
+// With CHUNK_PAIRS (region `chunk_pairs`: types whose neighbouring chunks share their
+// bytes, Q4_K's low and high nibbles of the same 32 bytes and its block's header, on an
+// even count of slots a lane, whose runs then start at even chunks), slots a and a + 1
+// hold chunks 2 c2 and 2 c2 + 1 of a row, unpacked together from one load of what they
+// share (`pair_chunks`, common/quant/*_pairs.wgsl).
+override CHUNK_PAIRS: bool = false;
+
 // @begin tile4
 // Rows `rb_a` and `rb_b`'s chunk in slot s, unpacked once, dotted with the four tokens'.
 fn qslot4_dot(rb_a: u32, rb_b: u32, s: QSlot4) -> Pair4 {
     return pair4_dot(pair_chunk(rb_a, rb_b, s.c), s);
 }
+
+// @begin chunk_pairs
+// The two chunks of slots s and t (s.c even, t.c = s.c + 1), unpacked together.
+fn qslots4_dot(rb_a: u32, rb_b: u32, s: QSlot4, t: QSlot4) -> Pair4 {
+    let w = pair_chunks(rb_a, rb_b, s.c);
+    return add4(pair4_dot(w.lo, s), pair4_dot(w.hi, t));
+}
+// @end chunk_pairs
 
 // Rows `rb_a` and `rb_b` dotted with a lane's slots (the `@slot k` lines as in
 // ops/mul_mat_ks1.wgsl).
@@ -144,6 +159,15 @@ fn rows_dot4(
     s6: QSlot4, // @slot 6
     s7: QSlot4, // @slot 7
 ) -> Pair4 {
+    // @begin chunk_pairs
+    if (CHUNK_PAIRS) {
+        var w = qslots4_dot(rb_a, rb_b, s0, s1); // @slot 1
+        w = add4(w, qslots4_dot(rb_a, rb_b, s2, s3)); // @slot 3
+        w = add4(w, qslots4_dot(rb_a, rb_b, s4, s5)); // @slot 5
+        w = add4(w, qslots4_dot(rb_a, rb_b, s6, s7)); // @slot 7
+        return w; // @slot 1
+    }
+    // @end chunk_pairs
     var v = qslot4_dot(rb_a, rb_b, s0);
     v = add4(v, qslot4_dot(rb_a, rb_b, s1)); // @slot 1
     v = add4(v, qslot4_dot(rb_a, rb_b, s2)); // @slot 2
@@ -174,6 +198,18 @@ fn qslot8_dot(rb_a: u32, rb_b: u32, s: QSlot4, u: QSlot4) -> Pair8 {
     return Pair8(pair4_dot(w, s), pair4_dot(w, u));
 }
 
+// @begin chunk_pairs
+// `qslots4_dot` for tiles of eight: slots s and t of the first four tokens, u and v of
+// the next four.
+fn qslots8_dot(rb_a: u32, rb_b: u32, s: QSlot4, t: QSlot4, u: QSlot4, v: QSlot4) -> Pair8 {
+    let w = pair_chunks(rb_a, rb_b, s.c);
+    return Pair8(
+        add4(pair4_dot(w.lo, s), pair4_dot(w.hi, t)),
+        add4(pair4_dot(w.lo, u), pair4_dot(w.hi, v)),
+    );
+}
+// @end chunk_pairs
+
 // `rows_dot4` for tiles of eight.
 fn rows_dot8(
     rb_a: u32,
@@ -195,6 +231,15 @@ fn rows_dot8(
     u6: QSlot4, // @slot 6
     u7: QSlot4, // @slot 7
 ) -> Pair8 {
+    // @begin chunk_pairs
+    if (CHUNK_PAIRS) {
+        var w = qslots8_dot(rb_a, rb_b, s0, s1, u0, u1); // @slot 1
+        w = add8(w, qslots8_dot(rb_a, rb_b, s2, s3, u2, u3)); // @slot 3
+        w = add8(w, qslots8_dot(rb_a, rb_b, s4, s5, u4, u5)); // @slot 5
+        w = add8(w, qslots8_dot(rb_a, rb_b, s6, s7, u6, u7)); // @slot 7
+        return w; // @slot 1
+    }
+    // @end chunk_pairs
     var v = qslot8_dot(rb_a, rb_b, s0, u0);
     v = add8(v, qslot8_dot(rb_a, rb_b, s1, u1)); // @slot 1
     v = add8(v, qslot8_dot(rb_a, rb_b, s2, u2)); // @slot 2

@@ -446,8 +446,16 @@ pub fn pair_decoder(ty: GgmlType) -> Option<&'static [&'static str]> {
         Q4_1 => &[PAIRS, wgsl!("common/quant/q4_1_pairs.wgsl")],
         Q5_0 => &[PAIRS, wgsl!("common/quant/q5_0_pairs.wgsl")],
         Q5_1 => &[PAIRS, wgsl!("common/quant/q5_1_pairs.wgsl")],
+        Q4_K => &[PAIRS, wgsl!("common/quant/q4_k_pairs.wgsl")],
         _ => return None,
     })
+}
+
+/// Whether `ty`'s pair decoder ([`pair_decoder`]) unpacks two neighbouring chunks
+/// together (`pair_chunks`, for `mul_mat_ks1i`'s `CHUNK_PAIRS`): Q4_K, whose two
+/// chunks are the low and high nibbles of the same bytes.
+pub fn has_chunk_pairs(ty: GgmlType) -> bool {
+    pair_decoder(ty).is_some_and(|d| d.iter().any(|part| part.contains("fn pair_chunks(")))
 }
 
 /// Whether `ty`'s decoder reads a lane's chunks' small fields once per row
@@ -679,6 +687,12 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                 let src = keep_regions(&src, "tex", false);
                 let fields = keep_regions(&keep_regions(&fields, "rope", false), "tex", false);
                 let kblock = keep_regions(&keep_regions(&kblock, "rope", false), "tex", false);
+                // And `chunk_pairs`, for the types whose pair decoder unpacks two chunks
+                // together (`mul_mat_ks1i` on an even count of slots).
+                let pairs = keep_regions(&src, "chunk_pairs", true);
+                let src = keep_regions(&src, "chunk_pairs", false);
+                let fields = keep_regions(&fields, "chunk_pairs", false);
+                let kblock = keep_regions(&kblock, "chunk_pairs", false);
                 // `mul_mat_ks1` as it is built for each count of slots.
                 if name.starts_with("mul_mat_ks1") {
                     for slots in 1..=8 {
@@ -691,11 +705,18 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                             out.push((format!("{label}_slots{slots}_fields"), kept));
                         }
                         let kept = keep_slots(&src, slots);
-                        // `mul_mat_ks1i`'s tiles of four and of eight, each alone.
+                        // `mul_mat_ks1i`'s tiles of four and of eight, each alone, and
+                        // with chunk pairs.
                         if name.starts_with("mul_mat_ks1i") {
+                            let paired = keep_slots(&pairs, slots);
+                            let chunk_pairs = has_chunk_pairs(ty) && slots % 2 == 0;
                             for (tile, other) in [("tile4", "tile8"), ("tile8", "tile4")] {
                                 let one = keep_regions(&kept, other, false);
                                 out.push((format!("{label}_slots{slots}_{tile}"), one));
+                                if chunk_pairs {
+                                    let one = keep_regions(&paired, other, false);
+                                    out.push((format!("{label}_slots{slots}_{tile}_pairs"), one));
+                                }
                             }
                         }
                         out.push((format!("{label}_slots{slots}"), kept));

@@ -121,6 +121,14 @@ fn ks1_fields(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> bool {
         && (ks_runs(ty) || (row_lanes <= 4 && k.slots * row_lanes <= 24))
 }
 
+/// Whether a `mul_mat_ks1i` build of `ty` unpacks a lane's neighbouring chunks together
+/// (`CHUNK_PAIRS`, region `chunk_pairs`): types whose two chunks share their bytes
+/// ([`crate::gpu::shaders::has_chunk_pairs`], Q4_K), on an even count of slots a lane
+/// whose runs start at even chunks. Measured on lavapipe: see docs/perf.md.
+fn ks1i_chunk_pairs(ty: GgmlType, k: Ks1) -> bool {
+    crate::gpu::shaders::has_chunk_pairs(ty) && k.slots % 2 == 0 && ks_runs(ty)
+}
+
 /// How `mul_mat_ks1nr` is built.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct RopeBuild {
@@ -149,6 +157,7 @@ pub(super) fn kernel_pipeline(
     let fields = ks1.is_some_and(|k| ks1_fields(ctx, ty, k));
     let kblock = ks1.is_some_and(|k| ks1_kblock(ctx, ty, k));
     let int = ks1.is_some_and(|k| k.tile > 1 && v == Variant::Ks && ks1_int(ty));
+    let chunk_pairs = int && ks1.is_some_and(|k| ks1i_chunk_pairs(ty, k));
     let rope = ks1.and_then(|k| k.rope);
     let shader = match (ks1, v) {
         (None, _) if matches!(build, Build::Mm) => "mul_mat_mm",
@@ -196,6 +205,9 @@ pub(super) fn kernel_pipeline(
                 c.push(("TILE", (k.tile > 1) as u8 as f64));
             } else {
                 c.push(("TILE", k.tile as f64));
+                if chunk_pairs {
+                    c.push(("CHUNK_PAIRS", 1.0));
+                }
             }
             if let Some(r) = rope {
                 c.push(("HEAD_NORMS", r.head_norms as u8 as f64));
@@ -269,6 +281,7 @@ pub(super) fn kernel_pipeline(
                     crate::gpu::shaders::keep_regions(&src, "tex", rope.is_some_and(|r| r.tex));
                 let src = crate::gpu::shaders::keep_regions(&src, "fields", fields);
                 let src = crate::gpu::shaders::keep_regions(&src, "kblock", kblock);
+                let src = crate::gpu::shaders::keep_regions(&src, "chunk_pairs", chunk_pairs);
                 let src = crate::gpu::shaders::keep_regions(&src, "split", k.subgroups() > 1);
                 let src = crate::gpu::shaders::keep_slots(&src, k.slots);
                 let src = crate::gpu::shaders::keep_regions(&src, "tile4", k.tile != 8);

@@ -45,9 +45,9 @@ pub fn reference(
 
 /// The CPU reference of `mul_mat_ks1i`: [`reference`] with each token's activations
 /// quantized per chunk of 32 as the kernel does (ggml's Q8_0 / Q8_1: scale absmax / 127
-/// kept as an f16, quants rounded half to even), and the offset of Q4_1 / Q5_1 weights
-/// multiplying the Q8_1 sum (`s`, the quants' sum times the scale, as an f16) as
-/// ggml's dot products do.
+/// kept as an f16, quants rounded half to even), and the offset of Q4_1 / Q5_1 / Q4_K
+/// weights multiplying the Q8_1 sum (`s`, the quants' sum times the scale, as an f16)
+/// as ggml's dot products do for Q4_1 and Q5_1 ([`chunk_offsets`]).
 pub fn reference_q8(
     ty: GgmlType,
     w: &[u8],
@@ -59,8 +59,6 @@ pub fn reference_q8(
 ) -> Result<()> {
     use half::f16;
     let row_bytes = whole_row_bytes(ty, n_cols)?;
-    // Q4_1 and Q5_1 blocks start with (d, m); their dequantized values hold m.
-    let has_min = matches!(ty, GgmlType::Q4_1 | GgmlType::Q5_1);
     // Per token and chunk: the dequantized activations, and s less their sum.
     let mut xq = vec![0f32; n_cols * n_tokens];
     let mut s_err = vec![0f64; n_cols / 32 * n_tokens];
@@ -79,22 +77,42 @@ pub fn reference_q8(
         s_err[c] = s - sum as f64 * d16 as f64;
     }
     reference(ty, w, n_rows, n_cols, &xq, n_tokens, y)?;
-    if has_min {
-        // The offset multiplies s where the dequantized activations' sum stood.
-        for r in 0..n_rows {
-            let wr = &w[r * row_bytes..(r + 1) * row_bytes];
-            for t in 0..n_tokens {
-                let errs = &s_err[t * (n_cols / 32)..(t + 1) * (n_cols / 32)];
-                let fix: f64 = wr
-                    .chunks_exact(ty.type_size())
-                    .zip(errs)
-                    .map(|(blk, e)| f16::from_le_bytes([blk[2], blk[3]]).to_f64() * e)
-                    .sum();
-                y[t * n_rows + r] += fix as f32;
-            }
+    // The offset multiplies s where the dequantized activations' sum stood.
+    for r in 0..n_rows {
+        let Some(offsets) = chunk_offsets(ty, &w[r * row_bytes..(r + 1) * row_bytes]) else {
+            break;
+        };
+        for t in 0..n_tokens {
+            let errs = &s_err[t * (n_cols / 32)..(t + 1) * (n_cols / 32)];
+            let fix: f64 = offsets.iter().zip(errs).map(|(m, e)| m * e).sum();
+            y[t * n_rows + r] += fix as f32;
         }
     }
     Ok(())
+}
+
+/// The offset of each chunk of 32 of a row of `ty`, whose element j is d q_j + m:
+/// Q4_1 and Q5_1's m (their blocks start with the f16 d and m), Q4_K's -dmin times the
+/// sub-block's 6-bit min. `None` for the types without one.
+fn chunk_offsets(ty: GgmlType, row: &[u8]) -> Option<Vec<f64>> {
+    use half::f16;
+    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f64();
+    let blocks = row.chunks_exact(ty.type_size());
+    match ty {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => Some(blocks.map(|b| f16_at(b, 2)).collect()),
+        GgmlType::Q4_K => Some(
+            blocks
+                .flat_map(|b| {
+                    let dmin = f16_at(b, 2);
+                    let scales: [u8; 12] = std::array::from_fn(|i| b[4 + i]);
+                    (0..8).map(move |j| {
+                        -dmin * crate::quant::kquant::scale_min_k4(j, &scales).1 as f64
+                    })
+                })
+                .collect(),
+        ),
+        _ => None,
+    }
 }
 
 /// Bytes of a row of `n_cols` elements of `ty`, which must be whole blocks.
