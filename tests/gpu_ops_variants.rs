@@ -767,7 +767,7 @@ fn rows_split_over_subgroups() {
 }
 
 /// Batches of rows too long for one subgroup's `mul_mat_ks1` slots, of the types
-/// `mul_mat_ks1i` dots in integers (Q4_K among them), in its tiles over slices of the
+/// `mul_mat_ks1i` dots in integers (Q4_K and Q5_K among them), in its tiles over slices of the
 /// columns
 /// (`DeviceOptions::sliced_batches`, on by default where single tokens split such rows),
 /// each slice adding into the output: two slices of equal slots (4096 columns), a short
@@ -810,11 +810,12 @@ fn batches_in_slices_of_columns() {
             GgmlType::Q5_0,
             GgmlType::Q5_1,
             GgmlType::Q4_K,
+            GgmlType::Q5_K,
         ];
         for ty in types {
-            // Q4_K: 2304 columns take two slices of five slots (chunks one at a time),
-            // the others eight (in chunk pairs).
-            let first = if ty == GgmlType::Q4_K { 2304 } else { 2080 };
+            // The K-quants: 2304 columns take two slices of five slots (chunks one at a
+            // time), the others eight (in chunk pairs).
+            let first = if ty.block_size() == 256 { 2304 } else { 2080 };
             for (rows, cols, toks) in [
                 (33, first, 9),
                 (150, 4096, 8),
@@ -1170,52 +1171,53 @@ fn ks1i_tiles_of_eight() {
     );
 }
 
-/// Q4_K batches in `mul_mat_ks1i`'s integer tiles: two, four, six and eight slots a
-/// lane unpack their chunks in pairs (`CHUNK_PAIRS`, the low and high nibbles of the
-/// same bytes), three one at a time; tiles of four and of eight (a last tile of eight
-/// padded, or one token short of whole); into a residual stream, into fused outputs,
-/// and with the norm folded in.
+/// Q4_K and Q5_K batches in `mul_mat_ks1i`'s integer tiles: two, four, six and eight
+/// slots a lane unpack their chunks in pairs (`CHUNK_PAIRS`, the low and high nibbles
+/// of the same bytes), three one at a time; tiles of four and of eight (a last tile of
+/// eight padded, or one token short of whole); into a residual stream, into fused
+/// outputs, and with the norm folded in.
 #[test]
-fn q4_k_batches_in_integer_tiles() {
+fn k_quant_batches_in_integer_tiles() {
     let mut ran = 0;
     let eight = mul_mat::KS1I_EIGHT_MIN as usize;
-    let ty = GgmlType::Q4_K;
     for ctx in contexts() {
         if !Variant::Ks.available(ctx) || ctx.fixed_subgroup().is_none() {
             continue;
         }
         ran += 1;
-        let gw = upload(ctx, ty, 9, 2048, &weight(ty, 9, 2048, 3));
-        let q8 = mul_mat::quantizes_batches(ctx, Variant::Ks, &gw, Columns::All);
-        assert!(q8, "Q4_K batches in integers on {}", label(ctx));
-        for (rows, cols, toks) in [
-            (33, 512, 9),
-            (67, 1024, 8),
-            (35, 768, 12),
-            (19, 1536, eight + 2),
-            (33, 2048, eight + 5),
-            (33, 2048, eight),
-            (17, 2048, eight - 1),
-        ] {
-            check(ctx, Variant::Ks, ty, rows, cols, toks, Columns::All);
-        }
-        check_store(
-            ctx,
-            Variant::Ks,
-            ty,
-            67,
-            2048,
-            eight + 2,
-            Columns::All,
-            Store::Add,
-        );
-        check_fused(ctx, Variant::Ks, ty, &[70, 33, 33], 2048, 9);
-        if mul_mat::folds_norm(ctx, ty, (70, 2048), ctx.matrix_memory(ty)) {
-            check_normed(ctx, ty, &[70, 33, 33], 2048, eight + 1, Columns::All);
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+            let gw = upload(ctx, ty, 9, 2048, &weight(ty, 9, 2048, 3));
+            let q8 = mul_mat::quantizes_batches(ctx, Variant::Ks, &gw, Columns::All);
+            assert!(q8, "{ty} batches in integers on {}", label(ctx));
+            for (rows, cols, toks) in [
+                (33, 512, 9),
+                (67, 1024, 8),
+                (35, 768, 12),
+                (19, 1536, eight + 2),
+                (33, 2048, eight + 5),
+                (33, 2048, eight),
+                (17, 2048, eight - 1),
+            ] {
+                check(ctx, Variant::Ks, ty, rows, cols, toks, Columns::All);
+            }
+            check_store(
+                ctx,
+                Variant::Ks,
+                ty,
+                67,
+                2048,
+                eight + 2,
+                Columns::All,
+                Store::Add,
+            );
+            check_fused(ctx, Variant::Ks, ty, &[70, 33, 33], 2048, 9);
+            if mul_mat::folds_norm(ctx, ty, (70, 2048), ctx.matrix_memory(ty)) {
+                check_normed(ctx, ty, &[70, 33, 33], 2048, eight + 1, Columns::All);
+            }
         }
     }
     assert!(
-        ran > 0 || !lavapipe_here("q4_k_batches_in_integer_tiles"),
+        ran > 0 || !lavapipe_here("k_quant_batches_in_integer_tiles"),
         "no adapter ran ks"
     );
 }

@@ -1,11 +1,13 @@
 // mul_mat for batches on the types whose chunks pack two rows into 32-bit integer
-// products (Q4_0, Q4_1, Q5_0, Q5_1; common/quant/pairs.wgsl): `mul_mat_ks1`'s tiles of
-// four tokens (or eight, `TILE` below), with integer dot products. Each lane quantizes its slots of the four
-// tokens' activations to 8 bits per chunk of 32, as ggml's Q8_0 / Q8_1 do for these
-// types on the CPU (scale absmax / 127 kept as an f16, the sum of the quants times the
-// scale for the offset term), and walks the rows two at a time: one multiply and one
-// add per element serve both rows, where the float tile decodes each row and spends a
-// multiply and an add per row and token. Measured on lavapipe: docs/perf.md.
+// products (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K; common/quant/pairs.wgsl): `mul_mat_ks1`'s
+// tiles of four tokens (or eight, `TILE` below), with integer dot products. Each lane
+// quantizes its slots of the four tokens' activations to 8 bits per chunk of 32, as
+// ggml's Q8_0 / Q8_1 do for the small-block types on the CPU (scale absmax / 127 kept
+// as an f16, the sum of the quants times the scale for the offset term; ggml's Q8_K
+// for the K-quants holds a block of 256 per scale), and walks the rows two at a time:
+// one multiply and one add per element serve both rows, where the float tile decodes
+// each row and spends a multiply and an add per row and token. Measured on lavapipe:
+// docs/perf.md.
 //
 // Every token of a batch runs here, the last tile padded with repeats of the last token
 // (not stored), so that a token's result does not depend on its place in the batch;
@@ -125,7 +127,8 @@ fn pair4_dot(w: PairChunk, s: QSlot4) -> Pair4 {
 }
 
 // With CHUNK_PAIRS (region `chunk_pairs`: types whose neighbouring chunks share their
-// bytes, Q4_K's low and high nibbles of the same 32 bytes and its block's header, on an
+// bytes, Q4_K's and Q5_K's low and high nibbles of the same 32 bytes, and the block's
+// header and Q5_K's fifth bits, on an
 // even count of slots a lane, whose runs then start at even chunks), slots a and a + 1
 // hold chunks 2 c2 and 2 c2 + 1 of a row, unpacked together from one load of what they
 // share (`pair_chunks`, common/quant/*_pairs.wgsl).

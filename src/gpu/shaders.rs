@@ -447,13 +447,14 @@ pub fn pair_decoder(ty: GgmlType) -> Option<&'static [&'static str]> {
         Q5_0 => &[PAIRS, wgsl!("common/quant/q5_0_pairs.wgsl")],
         Q5_1 => &[PAIRS, wgsl!("common/quant/q5_1_pairs.wgsl")],
         Q4_K => &[PAIRS, wgsl!("common/quant/q4_k_pairs.wgsl")],
+        Q5_K => &[PAIRS, wgsl!("common/quant/q5_k_pairs.wgsl")],
         _ => return None,
     })
 }
 
 /// Whether `ty`'s pair decoder ([`pair_decoder`]) unpacks two neighbouring chunks
-/// together (`pair_chunks`, for `mul_mat_ks1i`'s `CHUNK_PAIRS`): Q4_K, whose two
-/// chunks are the low and high nibbles of the same bytes.
+/// together (`pair_chunks`, for `mul_mat_ks1i`'s `CHUNK_PAIRS`): Q4_K and Q5_K, whose
+/// two chunks are the low and high nibbles of the same bytes.
 pub fn has_chunk_pairs(ty: GgmlType) -> bool {
     pair_decoder(ty).is_some_and(|d| d.iter().any(|part| part.contains("fn pair_chunks(")))
 }

@@ -45,7 +45,7 @@ pub fn reference(
 
 /// The CPU reference of `mul_mat_ks1i`: [`reference`] with each token's activations
 /// quantized per chunk of 32 as the kernel does (ggml's Q8_0 / Q8_1: scale absmax / 127
-/// kept as an f16, quants rounded half to even), and the offset of Q4_1 / Q5_1 / Q4_K
+/// kept as an f16, quants rounded half to even), and the offset of Q4_1 / Q5_1 and the K-quants'
 /// weights multiplying the Q8_1 sum (`s`, the quants' sum times the scale, as an f16)
 /// as ggml's dot products do for Q4_1 and Q5_1 ([`chunk_offsets`]).
 pub fn reference_q8(
@@ -92,15 +92,15 @@ pub fn reference_q8(
 }
 
 /// The offset of each chunk of 32 of a row of `ty`, whose element j is d q_j + m:
-/// Q4_1 and Q5_1's m (their blocks start with the f16 d and m), Q4_K's -dmin times the
-/// sub-block's 6-bit min. `None` for the types without one.
+/// Q4_1 and Q5_1's m (their blocks start with the f16 d and m), Q4_K's and Q5_K's -dmin
+/// times the sub-block's 6-bit min. `None` for the types without one.
 fn chunk_offsets(ty: GgmlType, row: &[u8]) -> Option<Vec<f64>> {
     use half::f16;
     let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f64();
     let blocks = row.chunks_exact(ty.type_size());
     match ty {
         GgmlType::Q4_1 | GgmlType::Q5_1 => Some(blocks.map(|b| f16_at(b, 2)).collect()),
-        GgmlType::Q4_K => Some(
+        GgmlType::Q4_K | GgmlType::Q5_K => Some(
             blocks
                 .flat_map(|b| {
                     let dmin = f16_at(b, 2);

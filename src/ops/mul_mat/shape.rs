@@ -429,11 +429,13 @@ pub(super) fn ks1_tiles_run(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: 
 /// which quantizes the activations to 8 bits per chunk of 32 (as ggml's CPU backend
 /// does for these types) and dots two rows at a time in packed integers, instead of
 /// `mul_mat_ks1`'s float tiles: the types whose chunks the packing holds
-/// (common/quant/pairs.wgsl). Measured on lavapipe (docs/perf.md). Q4_K, whose chunk is
-/// a sub-block of nibbles with its own scale and min, runs there too: 1.2-1.4x its
-/// float tiles at 640, 2048 and 8192 columns with a lane's neighbouring chunks
-/// unpacked together (`CHUNK_PAIRS`), and a synthetic 1B Q4_K_M model's prompts 1.3x
-/// ("Q4_K batches in integers").
+/// (common/quant/pairs.wgsl). Measured on lavapipe (docs/perf.md). Q4_K and Q5_K, whose
+/// chunk is a sub-block with its own scale and min, run there too, a lane's
+/// neighbouring chunks unpacked together (`CHUNK_PAIRS`): against their float tiles at
+/// 2048 and 8192 columns, Q4_K 1.2-1.4x and Q5_K 1.15-1.35x, and a synthetic 1B Q4_K_M
+/// model's prompts 1.3x ("Q4_K and Q5_K batches in integers"). Q6_K, whose chunk has two
+/// scales, ran 0.95x its float tiles in tiles of four and 1.15x in tiles of eight: not
+/// kept.
 pub(super) fn ks1_int(ty: GgmlType) -> bool {
     crate::gpu::shaders::pair_decoder(ty).is_some()
 }

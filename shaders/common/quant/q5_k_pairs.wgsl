@@ -1,0 +1,85 @@
+// Q5_K chunks of two rows for common/quant/pairs.wgsl: chunk c is sub-block c % 8 of
+// its block, as Q4_K's (common/quant/q4_k_pairs.wgsl) with a fifth bit per quant (bit
+// c % 8 of qh[j]); value dl q - ml. The fields hold the quants less 16 (16 products of
+// 0 .. 31 would overflow them), which PAIR_OFF adds back; offset -ml.
+
+const PAIR_OFF: f32 = 16.0;
+
+// Word k's four five-bit quants of one row (one per byte): the nibbles of `qs` at
+// shift `sh` and bit `s` of each byte of `qh`.
+fn k5_quants(qs: u32, qh: u32, sh: u32, s: u32) -> u32 {
+    return ((qs >> sh) & 0x0f0f0f0fu) | (((qh >> s) & 0x01010101u) << 4u);
+}
+
+// Elements 4k .. 4k + 3 of both rows less 16, from their words of five-bit quants
+// (`k5_quants`): row A's in the low field of component i, row B's in the high one;
+// the borrow of a negative low field comes out of the high one, and `fields` gives
+// both back.
+fn k5_pair_word(a: u32, b: u32) -> vec4<u32> {
+    let lw = (a & 0xffffu) | (b << 16u);
+    let hw = (a >> 16u) | (b & 0xffff0000u);
+    return (vec4<u32>(lw, lw >> 8u, hw, hw >> 8u) & vec4<u32>(0x001f001fu))
+        - vec4<u32>(0x00100010u);
+}
+
+// (dl, -ml) of chunk c, from its block's header texel `h`.
+fn k5_pair_dm(h: vec4<u32>, c: u32) -> vec2<f32> {
+    let dm = unpack2x16float(h.x);
+    let sm = k4_scale_min(h.y, h.z, h.w, c & 7u);
+    return vec2<f32>(dm.x * sm.x, -dm.y * sm.y);
+}
+
+// The packed quants of chunk c of both rows from their blocks' qh (`ha`, `hb`) and
+// sub-block pair's nibbles (`qa`, `qb`), eight words each.
+fn k5_pair_q(qa: array<u32, 8>, qb: array<u32, 8>, ha: array<u32, 8>, hb: array<u32, 8>, c: u32) -> array<vec4<u32>, 8> {
+    let sh = (c & 1u) * 4u;
+    let s = c & 7u;
+    return array<vec4<u32>, 8>(
+        k5_pair_word(k5_quants(qa[0], ha[0], sh, s), k5_quants(qb[0], hb[0], sh, s)),
+        k5_pair_word(k5_quants(qa[1], ha[1], sh, s), k5_quants(qb[1], hb[1], sh, s)),
+        k5_pair_word(k5_quants(qa[2], ha[2], sh, s), k5_quants(qb[2], hb[2], sh, s)),
+        k5_pair_word(k5_quants(qa[3], ha[3], sh, s), k5_quants(qb[3], hb[3], sh, s)),
+        k5_pair_word(k5_quants(qa[4], ha[4], sh, s), k5_quants(qb[4], hb[4], sh, s)),
+        k5_pair_word(k5_quants(qa[5], ha[5], sh, s), k5_quants(qb[5], hb[5], sh, s)),
+        k5_pair_word(k5_quants(qa[6], ha[6], sh, s), k5_quants(qb[6], hb[6], sh, s)),
+        k5_pair_word(k5_quants(qa[7], ha[7], sh, s), k5_quants(qb[7], hb[7], sh, s)),
+    );
+}
+
+fn pair_chunk(rb_a: u32, rb_b: u32, c: u32) -> PairChunk {
+    let ba = q5k_block(rb_a, c);
+    let bb = q5k_block(rb_b, c);
+    let off = 3u + ((c & 7u) >> 1u) * 2u;
+    let q = k5_pair_q(wq8(ba + off), wq8(bb + off), wq8(ba + 1u), wq8(bb + 1u), c);
+    return PairChunk(q, vec4<f32>(k5_pair_dm(wq(ba), c), k5_pair_dm(wq(bb), c)));
+}
+
+// Chunks c and c + 1 (c even) of both rows: the low and high nibbles of the same 32
+// bytes and bits c % 8 and c % 8 + 1 of the same qh, each loaded once, with one load of
+// each block's header (`CHUNK_PAIRS` in ops/mul_mat_ks1i.wgsl).
+struct PairChunks {
+    lo: PairChunk,
+    hi: PairChunk,
+}
+
+fn pair_chunks(rb_a: u32, rb_b: u32, c: u32) -> PairChunks {
+    let ba = q5k_block(rb_a, c);
+    let bb = q5k_block(rb_b, c);
+    let off = 3u + ((c & 7u) >> 1u) * 2u;
+    let qa = wq8(ba + off);
+    let qb = wq8(bb + off);
+    let ha = wq8(ba + 1u);
+    let hb = wq8(bb + 1u);
+    let hda = wq(ba);
+    let hdb = wq(bb);
+    return PairChunks(
+        PairChunk(
+            k5_pair_q(qa, qb, ha, hb, c),
+            vec4<f32>(k5_pair_dm(hda, c), k5_pair_dm(hdb, c)),
+        ),
+        PairChunk(
+            k5_pair_q(qa, qb, ha, hb, c + 1u),
+            vec4<f32>(k5_pair_dm(hda, c + 1u), k5_pair_dm(hdb, c + 1u)),
+        ),
+    );
+}
