@@ -766,24 +766,28 @@ fn rows_split_over_subgroups() {
     }
 }
 
+/// The contexts whose `ks` products run `mul_mat_ks1` and `mul_mat_ks1i` (subgroups of
+/// one fixed size).
+fn ks1_contexts() -> Vec<&'static GpuContext> {
+    contexts()
+        .iter()
+        .filter(|c| Variant::Ks.available(c) && c.fixed_subgroup().is_some())
+        .collect()
+}
+
 /// Batches of rows too long for one subgroup's `mul_mat_ks1` slots, of the types
-/// `mul_mat_ks1i` dots in integers (Q4_K and Q5_K among them), in its tiles over slices of the
-/// columns
-/// (`DeviceOptions::sliced_batches`, on by default where single tokens split such rows),
-/// each slice adding into the output: two slices of equal slots (4096 columns), a short
+/// `mul_mat_ks1i` dots in integers (Q4_K and Q5_K among them), in its tiles over slices
+/// of the columns (`DeviceOptions::sliced_batches`, on by default where single tokens
+/// split such rows), each slice adding into the output: two slices of equal slots (4096 columns), a short
 /// last slice (2080: 40 and 25 chunks; 5632: 64, 64 and 48), seven slices (14336),
 /// several workgroups of rows; tiles of four and of eight; an added store and fused
 /// outputs. With it off, or for the float tiles' types, `ks` runs them, its
 /// activations unquantized.
 #[test]
 fn batches_in_slices_of_columns() {
-    let mut ran = 0;
     let eight = mul_mat::KS1I_EIGHT_MIN as usize;
-    for ctx in contexts() {
-        if !Variant::Ks.available(ctx) || ctx.fixed_subgroup().is_none() {
-            continue;
-        }
-        ran += 1;
+    let ctxs = ks1_contexts();
+    for ctx in ctxs.iter().copied() {
         for sliced in [false, true] {
             let ctx = reopened(
                 ctx,
@@ -849,7 +853,7 @@ fn batches_in_slices_of_columns() {
         check_fused(ctx, Variant::Ks, GgmlType::Q4_1, &[70, 33, 33], 4096, 8);
     }
     assert!(
-        ran > 0 || !lavapipe_here("batches_in_slices_of_columns"),
+        !ctxs.is_empty() || !lavapipe_here("batches_in_slices_of_columns"),
         "no adapter ran ks"
     );
 }
@@ -1178,13 +1182,9 @@ fn ks1i_tiles_of_eight() {
 /// outputs, and with the norm folded in.
 #[test]
 fn k_quant_batches_in_integer_tiles() {
-    let mut ran = 0;
     let eight = mul_mat::KS1I_EIGHT_MIN as usize;
-    for ctx in contexts() {
-        if !Variant::Ks.available(ctx) || ctx.fixed_subgroup().is_none() {
-            continue;
-        }
-        ran += 1;
+    let ctxs = ks1_contexts();
+    for ctx in ctxs.iter().copied() {
         for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
             let gw = upload(ctx, ty, 9, 2048, &weight(ty, 9, 2048, 3));
             let q8 = mul_mat::quantizes_batches(ctx, Variant::Ks, &gw, Columns::All);
@@ -1217,7 +1217,7 @@ fn k_quant_batches_in_integer_tiles() {
         }
     }
     assert!(
-        ran > 0 || !lavapipe_here("k_quant_batches_in_integer_tiles"),
+        !ctxs.is_empty() || !lavapipe_here("k_quant_batches_in_integer_tiles"),
         "no adapter ran ks"
     );
 }

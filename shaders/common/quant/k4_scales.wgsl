@@ -11,3 +11,12 @@ fn k4_scale_min(s0: u32, s1: u32, s2: u32, s: u32) -> vec2<f32> {
     let v = select(hi, lo, s < 4u);
     return vec2<f32>((v >> vec2<u32>((s & 3u) * 8u)) & vec2<u32>(0xffu));
 }
+
+// (dl, -ml) of chunk c (sub-block c % 8), from its block's header texel `h` (f16 d and
+// dmin, then the scales' three words): a chunk's scale and offset for
+// `mul_mat_ks1i`'s pairs (common/quant/q4_k_pairs.wgsl, q5_k_pairs.wgsl).
+fn k4_pair_dm(h: vec4<u32>, c: u32) -> vec2<f32> {
+    let dm = unpack2x16float(h.x);
+    let sm = k4_scale_min(h.y, h.z, h.w, c & 7u);
+    return vec2<f32>(dm.x * sm.x, -dm.y * sm.y);
+}

@@ -15,6 +15,13 @@ struct PairChunk {
     dm: vec4<f32>,
 }
 
+// Chunks c and c + 1 (c even) of two rows, for the types whose neighbouring chunks share
+// their bytes (`pair_chunks`, `CHUNK_PAIRS` in ops/mul_mat_ks1i.wgsl).
+struct PairChunks {
+    lo: PairChunk,
+    hi: PairChunk,
+}
+
 // The 32 nibbles of a Q4_0 / Q4_1 / Q5_x chunk of rows A and B (the 16 bytes `qa` and
 // `qb`; element j is the low nibble of byte j, element j + 16 its high nibble) as
 // packed fields 0 .. 15.

@@ -14,13 +14,6 @@ fn k4_pair_word(a: u32, b: u32) -> vec4<u32> {
     return vec4<u32>(lw, lw >> 8u, hw, hw >> 8u) & vec4<u32>(0x000f000fu);
 }
 
-// (dl, -ml) of chunk c, from its block's header texel `h`.
-fn k4_pair_dm(h: vec4<u32>, c: u32) -> vec2<f32> {
-    let dm = unpack2x16float(h.x);
-    let sm = k4_scale_min(h.y, h.z, h.w, c & 7u);
-    return vec2<f32>(dm.x * sm.x, -dm.y * sm.y);
-}
-
 fn pair_chunk(rb_a: u32, rb_b: u32, c: u32) -> PairChunk {
     let ba = q4k_block(rb_a, c);
     let bb = q4k_block(rb_b, c);
@@ -42,11 +35,6 @@ fn pair_chunk(rb_a: u32, rb_b: u32, c: u32) -> PairChunk {
 // Chunks c and c + 1 (c even) of both rows: the low and high nibbles of the same 32
 // bytes, loaded once, with one load of each block's header (`CHUNK_PAIRS` in
 // ops/mul_mat_ks1i.wgsl).
-struct PairChunks {
-    lo: PairChunk,
-    hi: PairChunk,
-}
-
 fn pair_chunks(rb_a: u32, rb_b: u32, c: u32) -> PairChunks {
     let ba = q4k_block(rb_a, c);
     let bb = q4k_block(rb_b, c);

@@ -22,13 +22,6 @@ fn k5_pair_word(a: u32, b: u32) -> vec4<u32> {
         - vec4<u32>(0x00100010u);
 }
 
-// (dl, -ml) of chunk c, from its block's header texel `h`.
-fn k5_pair_dm(h: vec4<u32>, c: u32) -> vec2<f32> {
-    let dm = unpack2x16float(h.x);
-    let sm = k4_scale_min(h.y, h.z, h.w, c & 7u);
-    return vec2<f32>(dm.x * sm.x, -dm.y * sm.y);
-}
-
 // The packed quants of chunk c of both rows from their blocks' qh (`ha`, `hb`) and
 // sub-block pair's nibbles (`qa`, `qb`), eight words each.
 fn k5_pair_q(qa: array<u32, 8>, qb: array<u32, 8>, ha: array<u32, 8>, hb: array<u32, 8>, c: u32) -> array<vec4<u32>, 8> {
@@ -51,17 +44,12 @@ fn pair_chunk(rb_a: u32, rb_b: u32, c: u32) -> PairChunk {
     let bb = q5k_block(rb_b, c);
     let off = 3u + ((c & 7u) >> 1u) * 2u;
     let q = k5_pair_q(wq8(ba + off), wq8(bb + off), wq8(ba + 1u), wq8(bb + 1u), c);
-    return PairChunk(q, vec4<f32>(k5_pair_dm(wq(ba), c), k5_pair_dm(wq(bb), c)));
+    return PairChunk(q, vec4<f32>(k4_pair_dm(wq(ba), c), k4_pair_dm(wq(bb), c)));
 }
 
 // Chunks c and c + 1 (c even) of both rows: the low and high nibbles of the same 32
 // bytes and bits c % 8 and c % 8 + 1 of the same qh, each loaded once, with one load of
 // each block's header (`CHUNK_PAIRS` in ops/mul_mat_ks1i.wgsl).
-struct PairChunks {
-    lo: PairChunk,
-    hi: PairChunk,
-}
-
 fn pair_chunks(rb_a: u32, rb_b: u32, c: u32) -> PairChunks {
     let ba = q5k_block(rb_a, c);
     let bb = q5k_block(rb_b, c);
@@ -75,11 +63,11 @@ fn pair_chunks(rb_a: u32, rb_b: u32, c: u32) -> PairChunks {
     return PairChunks(
         PairChunk(
             k5_pair_q(qa, qb, ha, hb, c),
-            vec4<f32>(k5_pair_dm(hda, c), k5_pair_dm(hdb, c)),
+            vec4<f32>(k4_pair_dm(hda, c), k4_pair_dm(hdb, c)),
         ),
         PairChunk(
             k5_pair_q(qa, qb, ha, hb, c + 1u),
-            vec4<f32>(k5_pair_dm(hda, c + 1u), k5_pair_dm(hdb, c + 1u)),
+            vec4<f32>(k4_pair_dm(hda, c + 1u), k4_pair_dm(hdb, c + 1u)),
         ),
     );
 }
