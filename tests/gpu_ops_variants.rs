@@ -780,9 +780,9 @@ fn ks1_contexts() -> Vec<&'static GpuContext> {
 /// of the columns (`DeviceOptions::sliced_batches`, on by default where single tokens
 /// split such rows), each slice adding into the output: two slices of equal slots (4096 columns), a short
 /// last slice (2080: 40 and 25 chunks; 5632: 64, 64 and 48), seven slices (14336),
-/// several workgroups of rows; tiles of four and of eight; an added store and fused
-/// outputs. With it off, or for the float tiles' types, `ks` runs them, its
-/// activations unquantized.
+/// several workgroups of rows; tiles of four and of eight; an added store, fused
+/// outputs, and weights split into parts of rows. With it off, or for the float tiles'
+/// types, `ks` runs them, its activations unquantized.
 #[test]
 fn batches_in_slices_of_columns() {
     let eight = mul_mat::KS1I_EIGHT_MIN as usize;
@@ -851,6 +851,19 @@ fn batches_in_slices_of_columns() {
             Store::Add,
         );
         check_fused(ctx, Variant::Ks, GgmlType::Q4_1, &[70, 33, 33], 4096, 8);
+        // Weights split into parts of rows (a binding limit of 64 KiB: 25 rows of
+        // 2560 bytes each), every part in slices.
+        let small = reopened(
+            ctx,
+            DeviceOptions {
+                max_binding: Some(64 * 1024),
+                ..Default::default()
+            },
+        );
+        let ty = GgmlType::Q4_1;
+        let gw = upload(&small, ty, 67, 4096, &weight(ty, 67, 4096, 3));
+        assert!(gw.parts.len() > 1, "{} parts", gw.parts.len());
+        check(&small, Variant::Ks, ty, 67, 4096, 9, Columns::All);
     }
     assert!(
         !ctxs.is_empty() || !lavapipe_here("batches_in_slices_of_columns"),
