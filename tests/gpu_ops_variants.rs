@@ -776,7 +776,7 @@ fn ks1_contexts() -> Vec<&'static GpuContext> {
 }
 
 /// Batches of rows too long for one subgroup's `mul_mat_ks1` slots, of the types
-/// `mul_mat_ks1i` dots in integers (Q4_K and Q5_K among them), in its tiles over slices
+/// `mul_mat_ks1i` dots in integers (the K-quants among them), in its tiles over slices
 /// of the columns (`DeviceOptions::sliced_batches`, on by default where single tokens
 /// split such rows), each slice adding into the output: two slices of equal slots (4096 columns), a short
 /// last slice (2080: 40 and 25 chunks; 5632: 64, 64 and 48), seven slices (14336),
@@ -796,7 +796,7 @@ fn batches_in_slices_of_columns() {
                     ..Default::default()
                 },
             );
-            for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K] {
+            for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K] {
                 let gw = upload(&ctx, ty, 9, 4096, &weight(ty, 9, 4096, 3));
                 let q8 = mul_mat::quantizes_batches(&ctx, Variant::Ks, &gw, Columns::All);
                 let int = ty != GgmlType::Q8_0;
@@ -815,6 +815,7 @@ fn batches_in_slices_of_columns() {
             GgmlType::Q5_1,
             GgmlType::Q4_K,
             GgmlType::Q5_K,
+            GgmlType::Q6_K,
         ];
         for ty in types {
             // The K-quants: 2304 columns take two slices of five slots (chunks one at a
@@ -1188,9 +1189,9 @@ fn ks1i_tiles_of_eight() {
     );
 }
 
-/// Q4_K and Q5_K batches in `mul_mat_ks1i`'s integer tiles: two, four, six and eight
-/// slots a lane unpack their chunks in pairs (`CHUNK_PAIRS`, the low and high nibbles
-/// of the same bytes), three one at a time; tiles of four and of eight (a last tile of
+/// Q4_K, Q5_K and Q6_K batches in `mul_mat_ks1i`'s integer tiles: two, four, six and
+/// eight slots a lane unpack their chunks in pairs (`CHUNK_PAIRS`: the K-quants' bytes
+/// two chunks share), three one at a time; tiles of four and of eight (a last tile of
 /// eight padded, or one token short of whole); into a residual stream, into fused
 /// outputs, and with the norm folded in.
 #[test]
@@ -1198,7 +1199,7 @@ fn k_quant_batches_in_integer_tiles() {
     let eight = mul_mat::KS1I_EIGHT_MIN as usize;
     let ctxs = ks1_contexts();
     for ctx in ctxs.iter().copied() {
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K] {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
             let gw = upload(ctx, ty, 9, 2048, &weight(ty, 9, 2048, 3));
             let q8 = mul_mat::quantizes_batches(ctx, Variant::Ks, &gw, Columns::All);
             assert!(q8, "{ty} batches in integers on {}", label(ctx));

@@ -1,13 +1,13 @@
 // mul_mat for batches on the types whose chunks pack two rows into 32-bit integer
-// products (Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K; common/quant/pairs.wgsl): `mul_mat_ks1`'s
-// tiles of four tokens (or eight, `TILE` below), with integer dot products. Each lane
-// quantizes its slots of the four tokens' activations to 8 bits per chunk of 32, as
-// ggml's Q8_0 / Q8_1 do for the small-block types on the CPU (scale absmax / 127 kept
-// as an f16, the sum of the quants times the scale for the offset term; ggml's Q8_K
-// for the K-quants holds a block of 256 per scale), and walks the rows two at a time:
-// one multiply and one add per element serve both rows, where the float tile decodes
-// each row and spends a multiply and an add per row and token. Measured on lavapipe:
-// docs/perf.md.
+// products (Q4_0, Q4_1, Q5_0, Q5_1 and the K-quants; common/quant/pairs.wgsl):
+// `mul_mat_ks1`'s tiles of four tokens (or eight, `TILE` below), with integer dot
+// products. Each lane quantizes its slots of the four tokens' activations to 8 bits
+// per chunk of 32, as ggml's Q8_0 / Q8_1 do for the small-block types on the CPU
+// (scale absmax / 127 kept as an f16, the sum of the quants times the scale for the
+// offset term; ggml's Q8_K for the K-quants holds a block of 256 per scale), and walks
+// the rows two at a time: one multiply and one add per element serve both rows, where
+// the float tile decodes each row and spends a multiply and an add per row and token.
+// Measured on lavapipe: docs/perf.md.
 //
 // Every token of a batch runs here, the last tile padded with repeats of the last token
 // (not stored), so that a token's result does not depend on its place in the batch;
@@ -110,28 +110,15 @@ fn add4(u: Pair4, v: Pair4) -> Pair4 {
     return Pair4(u.a + v.a, u.b + v.b);
 }
 
-// The unpacked chunk `w` of rows A and B dotted with four tokens' slot s:
-// d_w d_x (sum q a + PAIR_OFF sum a) + m_w s_x per row and token.
-fn pair4_dot(w: PairChunk, s: QSlot4) -> Pair4 {
-    let f0 = pair_dot(w.q, s.a0);
-    let f1 = pair_dot(w.q, s.a1);
-    let f2 = pair_dot(w.q, s.a2);
-    let f3 = pair_dot(w.q, s.a3);
-    let off = PAIR_OFF * s.sum;
-    let sd = s.on * s.d;
-    let ss = s.on * s.s;
-    return Pair4(
-        (vec4<f32>(f0.x, f1.x, f2.x, f3.x) + off) * sd * w.dm.x + ss * w.dm.y,
-        (vec4<f32>(f0.y, f1.y, f2.y, f3.y) + off) * sd * w.dm.z + ss * w.dm.w,
-    );
-}
+// `pair4_dot(w, s)`, the unpacked chunk `w` of rows A and B (`pair_chunk`) dotted with
+// four tokens' slot s, is the type's (common/quant/pairs.wgsl).
 
 // With CHUNK_PAIRS (region `chunk_pairs`: types whose neighbouring chunks share their
 // bytes, Q4_K's and Q5_K's low and high nibbles of the same 32 bytes, and the block's
-// header and Q5_K's fifth bits, on an
-// even count of slots a lane, whose runs then start at even chunks), slots a and a + 1
-// hold chunks 2 c2 and 2 c2 + 1 of a row, unpacked together from one load of what they
-// share (`pair_chunks`, common/quant/*_pairs.wgsl).
+// header, Q5_K's fifth bits, Q6_K's high bits and scales, on an even count of slots a
+// lane, whose runs then start at even chunks), slots a and a + 1 hold chunks 2 c2 and
+// 2 c2 + 1 of a row, unpacked together from one load of what they share
+// (`pair_chunks`, common/quant/*_pairs.wgsl).
 override CHUNK_PAIRS: bool = false;
 
 // @begin tile4

@@ -441,20 +441,23 @@ pub fn decoder(ty: GgmlType) -> Option<&'static [&'static str]> {
 pub fn pair_decoder(ty: GgmlType) -> Option<&'static [&'static str]> {
     use GgmlType::*;
     const PAIRS: &str = wgsl!("common/quant/pairs.wgsl");
+    const SCALE: &str = wgsl!("common/quant/pair_scale.wgsl");
     Some(match ty {
-        Q4_0 => &[PAIRS, wgsl!("common/quant/q4_0_pairs.wgsl")],
-        Q4_1 => &[PAIRS, wgsl!("common/quant/q4_1_pairs.wgsl")],
-        Q5_0 => &[PAIRS, wgsl!("common/quant/q5_0_pairs.wgsl")],
-        Q5_1 => &[PAIRS, wgsl!("common/quant/q5_1_pairs.wgsl")],
-        Q4_K => &[PAIRS, wgsl!("common/quant/q4_k_pairs.wgsl")],
-        Q5_K => &[PAIRS, wgsl!("common/quant/q5_k_pairs.wgsl")],
+        Q4_0 => &[PAIRS, SCALE, wgsl!("common/quant/q4_0_pairs.wgsl")],
+        Q4_1 => &[PAIRS, SCALE, wgsl!("common/quant/q4_1_pairs.wgsl")],
+        Q5_0 => &[PAIRS, SCALE, wgsl!("common/quant/q5_0_pairs.wgsl")],
+        Q5_1 => &[PAIRS, SCALE, wgsl!("common/quant/q5_1_pairs.wgsl")],
+        Q4_K => &[PAIRS, SCALE, wgsl!("common/quant/q4_k_pairs.wgsl")],
+        Q5_K => &[PAIRS, SCALE, wgsl!("common/quant/q5_k_pairs.wgsl")],
+        Q6_K => &[PAIRS, wgsl!("common/quant/q6_k_pairs.wgsl")],
         _ => return None,
     })
 }
 
 /// Whether `ty`'s pair decoder ([`pair_decoder`]) unpacks two neighbouring chunks
-/// together (`pair_chunks`, for `mul_mat_ks1i`'s `CHUNK_PAIRS`): Q4_K and Q5_K, whose
-/// two chunks are the low and high nibbles of the same bytes.
+/// together (`pair_chunks`, for `mul_mat_ks1i`'s `CHUNK_PAIRS`): the K-quants, whose two
+/// chunks share bytes (Q4_K's and Q5_K's low and high nibbles of the same 32, Q6_K's
+/// high bits and scales).
 pub fn has_chunk_pairs(ty: GgmlType) -> bool {
     pair_decoder(ty).is_some_and(|d| d.iter().any(|part| part.contains("fn pair_chunks(")))
 }

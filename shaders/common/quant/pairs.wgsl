@@ -3,17 +3,14 @@
 // 32-bit multiply by an 8-bit activation gives both rows' products, and one add
 // accumulates both. A field's sum of 16 products of quants of at most 16 in magnitude
 // (five bits less 16, or nibbles) by activations of at most 127 is at most 32512,
-// within a signed 16-bit field, which `fields` relies on.
+// within a signed 16-bit field, which `fields` relies on; so is one of 8 products of
+// quants of at most 32 (Q6_K's six bits less 32).
 //
 // `pair_chunk(rb_a, rb_b, c)`, per type (common/quant/*_pairs.wgsl), gives chunk c of
-// rows rb_a and rb_b (byte offsets): q[i] holds elements 4i .. 4i + 3 (the activations'
-// vec4 i), and dm = (d_a, m_a, d_b, m_b), so that element j of row X is
-// d_X (q_j + PAIR_OFF) + m_X.
-
-struct PairChunk {
-    q: array<vec4<u32>, 8>,
-    dm: vec4<f32>,
-}
+// rows rb_a and rb_b (byte offsets) as a `PairChunk`, whose q[i] holds elements 4i ..
+// 4i + 3 (the activations' vec4 i), and `pair4_dot` dots it with four tokens' slot:
+// common/quant/pair_scale.wgsl for the types with one scale (and offset) per chunk and
+// row, the type's own file otherwise.
 
 // Chunks c and c + 1 (c even) of two rows, for the types whose neighbouring chunks share
 // their bytes (`pair_chunks`, `CHUNK_PAIRS` in ops/mul_mat_ks1i.wgsl).
@@ -73,13 +70,4 @@ fn fields(s: u32) -> vec2<f32> {
     let lo = bitcast<i32>(s << 16u) >> 16u;
     let hi = (bitcast<i32>(s) - lo) >> 16u;
     return vec2<f32>(f32(lo), f32(hi));
-}
-
-// Chunk `q` of two rows dotted with a chunk of 8-bit activations `a` (as u32s): the
-// integer sums for rows A and B. Each of acc's components takes 8 products per field,
-// and two of them are added before `fields`.
-fn pair_dot(q: array<vec4<u32>, 8>, a: array<vec4<u32>, 8>) -> vec2<f32> {
-    let acc = q[0] * a[0] + q[1] * a[1] + q[2] * a[2] + q[3] * a[3]
-        + q[4] * a[4] + q[5] * a[5] + q[6] * a[6] + q[7] * a[7];
-    return fields(acc.x + acc.y) + fields(acc.z + acc.w);
 }

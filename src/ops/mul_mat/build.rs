@@ -123,7 +123,7 @@ fn ks1_fields(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> bool {
 
 /// Whether a `mul_mat_ks1i` build of `ty` unpacks a lane's neighbouring chunks together
 /// (`CHUNK_PAIRS`, region `chunk_pairs`): types whose two chunks share their bytes
-/// ([`crate::gpu::shaders::has_chunk_pairs`], Q4_K and Q5_K), on an even count of slots a lane
+/// ([`crate::gpu::shaders::has_chunk_pairs`], the K-quants), on an even count of slots a lane
 /// whose runs start at even chunks. Measured on lavapipe: see docs/perf.md.
 fn ks1i_chunk_pairs(ty: GgmlType, k: Ks1) -> bool {
     crate::gpu::shaders::has_chunk_pairs(ty) && k.slots % 2 == 0 && ks_runs(ty)

@@ -396,7 +396,8 @@ pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols
 ///
 /// Measured on lavapipe against `mul_mat_ks` (docs/perf.md, "Batches past 2048 columns
 /// in slices"), 16 and 64 tokens at 4096, 8192 and 14336 columns: Q4_0, Q4_1 and Q5_0
-/// 1.1-1.45x, Q4_K (in integers since) 1.2-1.35x at 8192. The float tiles gained too
+/// 1.1-1.45x; Q4_K, Q5_K and Q6_K (in integers since) 1.2-1.35x, 1.2-1.9x and 1.15-1.25x
+/// at 8192. The float tiles gained too
 /// little to keep: Q8_0 1.05-1.15x but 0.7x at 14336 columns and 64 tokens, Q4_K
 /// even, Q6_K 0.9x; a synthetic 1B Q4_K_M model's `ffn_down` (8192 columns, Q4_K and
 /// Q6_K) took 1.12x as long in a 235-token prompt in float tiles.
@@ -429,13 +430,13 @@ pub(super) fn ks1_tiles_run(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: 
 /// which quantizes the activations to 8 bits per chunk of 32 (as ggml's CPU backend
 /// does for these types) and dots two rows at a time in packed integers, instead of
 /// `mul_mat_ks1`'s float tiles: the types whose chunks the packing holds
-/// (common/quant/pairs.wgsl). Measured on lavapipe (docs/perf.md). Q4_K and Q5_K, whose
-/// chunk is a sub-block with its own scale and min, run there too, a lane's
-/// neighbouring chunks unpacked together (`CHUNK_PAIRS`): against their float tiles at
-/// 2048 and 8192 columns, Q4_K 1.2-1.4x and Q5_K 1.15-1.35x, and a synthetic 1B Q4_K_M
-/// model's prompts 1.3x ("Q4_K and Q5_K batches in integers"). Q6_K, whose chunk has two
-/// scales, ran 0.95x its float tiles in tiles of four and 1.15x in tiles of eight: not
-/// kept.
+/// (common/quant/pairs.wgsl). Measured on lavapipe (docs/perf.md). The K-quants run
+/// there too, a lane's neighbouring chunks unpacked together where it holds an even
+/// count (`CHUNK_PAIRS`): Q4_K and Q5_K, whose chunk is a sub-block with its own scale
+/// and min, 1.2-1.4x and 1.15-1.35x their float tiles at 2048 and 8192 columns (a
+/// synthetic 1B Q4_K_M model's prompts 1.3x); Q6_K, whose chunk is two sub-blocks with
+/// a scale each, 1.05-1.3x in pairs (one chunk at a time it ran 0.95x in tiles of four
+/// and 1.15x in tiles of eight) ("The K-quants' batches in integers").
 pub(super) fn ks1_int(ty: GgmlType) -> bool {
     crate::gpu::shaders::pair_decoder(ty).is_some()
 }

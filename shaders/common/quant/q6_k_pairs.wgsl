@@ -1,0 +1,113 @@
+// Q6_K chunks of two rows for common/quant/pairs.wgsl: the fields hold the six-bit
+// quants less 32, signed. A chunk is two sub-blocks of 16 with a scale each, so each
+// half's fields are added apart (8 products of at most 32 x 127 per field, within its
+// 16 bits), and `d` = (d sc_lo, d sc_hi) of row A, then of row B.
+
+struct PairChunk {
+    q: array<vec4<u32>, 8>,
+    d: vec4<f32>,
+}
+
+// Elements 4k .. 4k + 3 of both rows less 32, from their words of four six-bit quants
+// (one per byte): row A's in the low field of component i, row B's in the high one;
+// the borrow of a negative low field comes out of the high one, and `fields` gives
+// both back.
+fn q6k_pair_word(a: u32, b: u32) -> vec4<u32> {
+    let lw = (a & 0xffffu) | (b << 16u);
+    let hw = (a >> 16u) | (b & 0xffff0000u);
+    return (vec4<u32>(lw, lw >> 8u, hw, hw >> 8u) & vec4<u32>(0x003f003fu))
+        - vec4<u32>(0x00200020u);
+}
+
+// Word k's four six-bit quants of a chunk: the nibbles of `ql` at shift `sl` and two
+// bits of `qh` at shift `sh`.
+fn q6k_quants(ql: u32, qh: u32, sl: u32, sh: u32) -> u32 {
+    return ((ql >> sl) & 0x0f0f0f0fu) | (((qh >> sh) & 0x03030303u) << 4u);
+}
+
+// The packed quants of chunk s (of its block) of both rows, from their ql and qh words.
+fn q6k_pair_q(la: array<u32, 8>, lb: array<u32, 8>, ha: array<u32, 8>, hb: array<u32, 8>, s: u32) -> array<vec4<u32>, 8> {
+    let sl = ((s >> 1u) & 1u) * 4u;
+    let sh = (s & 3u) * 2u;
+    return array<vec4<u32>, 8>(
+        q6k_pair_word(q6k_quants(la[0], ha[0], sl, sh), q6k_quants(lb[0], hb[0], sl, sh)),
+        q6k_pair_word(q6k_quants(la[1], ha[1], sl, sh), q6k_quants(lb[1], hb[1], sl, sh)),
+        q6k_pair_word(q6k_quants(la[2], ha[2], sl, sh), q6k_quants(lb[2], hb[2], sl, sh)),
+        q6k_pair_word(q6k_quants(la[3], ha[3], sl, sh), q6k_quants(lb[3], hb[3], sl, sh)),
+        q6k_pair_word(q6k_quants(la[4], ha[4], sl, sh), q6k_quants(lb[4], hb[4], sl, sh)),
+        q6k_pair_word(q6k_quants(la[5], ha[5], sl, sh), q6k_quants(lb[5], hb[5], sl, sh)),
+        q6k_pair_word(q6k_quants(la[6], ha[6], sl, sh), q6k_quants(lb[6], hb[6], sl, sh)),
+        q6k_pair_word(q6k_quants(la[7], ha[7], sl, sh), q6k_quants(lb[7], hb[7], sl, sh)),
+    );
+}
+
+// (d sc_lo, d sc_hi) of chunk s of a block, from the scales' word `sw` holding its two
+// (scales 4 (s / 2) .. 4 (s / 2) + 3) and the block's d.
+fn q6k_pair_d(sw: u32, s: u32, d: f32) -> vec2<f32> {
+    return d * i8x4(sw >> ((s & 1u) * 16u)).xy;
+}
+
+fn pair_chunk(rb_a: u32, rb_b: u32, c: u32) -> PairChunk {
+    let s = c & 7u;
+    let n = s >> 2u;
+    let ba = q6k_block(rb_a, c);
+    let bb = q6k_block(rb_b, c);
+    let ql = n * 4u + (s & 1u) * 2u;
+    let qh = 8u + n * 2u;
+    let q = q6k_pair_q(wq8(ba + ql), wq8(bb + ql), wq8(ba + qh), wq8(bb + qh), s);
+    let sa = wu((ba + 12u) * 4u + (s >> 1u));
+    let sb = wu((bb + 12u) * 4u + (s >> 1u));
+    let d = vec4<f32>(q6k_pair_d(sa, s, q6k_d(rb_a, c)), q6k_pair_d(sb, s, q6k_d(rb_b, c)));
+    return PairChunk(q, d);
+}
+
+// Chunks c and c + 1 (c even) of both rows: their qh bytes, their scales' word and the
+// block's d are the same, each loaded once (`CHUNK_PAIRS` in ops/mul_mat_ks1i.wgsl).
+fn pair_chunks(rb_a: u32, rb_b: u32, c: u32) -> PairChunks {
+    let s = c & 7u;
+    let n = s >> 2u;
+    let ba = q6k_block(rb_a, c);
+    let bb = q6k_block(rb_b, c);
+    let ha = wq8(ba + 8u + n * 2u);
+    let hb = wq8(bb + 8u + n * 2u);
+    let ql = n * 4u;
+    let sa = wu((ba + 12u) * 4u + (s >> 1u));
+    let sb = wu((bb + 12u) * 4u + (s >> 1u));
+    let da = q6k_d(rb_a, c);
+    let db = q6k_d(rb_b, c);
+    return PairChunks(
+        PairChunk(
+            q6k_pair_q(wq8(ba + ql), wq8(bb + ql), ha, hb, s),
+            vec4<f32>(q6k_pair_d(sa, s, da), q6k_pair_d(sb, s, db)),
+        ),
+        PairChunk(
+            q6k_pair_q(wq8(ba + ql + 2u), wq8(bb + ql + 2u), ha, hb, s + 1u),
+            vec4<f32>(q6k_pair_d(sa, s + 1u, da), q6k_pair_d(sb, s + 1u, db)),
+        ),
+    );
+}
+
+// Chunk `q` of two rows dotted with 8-bit activations `a`: the integer sums of the
+// first half for rows A and B, then of the second half.
+fn pair_dot_halves(q: array<vec4<u32>, 8>, a: array<vec4<u32>, 8>) -> vec4<f32> {
+    let lo = q[0] * a[0] + q[1] * a[1] + q[2] * a[2] + q[3] * a[3];
+    let hi = q[4] * a[4] + q[5] * a[5] + q[6] * a[6] + q[7] * a[7];
+    return vec4<f32>(
+        fields(lo.x + lo.y) + fields(lo.z + lo.w),
+        fields(hi.x + hi.y) + fields(hi.z + hi.w),
+    );
+}
+
+// The unpacked chunk `w` of rows A and B dotted with four tokens' slot s
+// (ops/mul_mat_ks1i.wgsl): d_x (d sc_lo sum_lo q a + d sc_hi sum_hi q a) per row and
+// token.
+fn pair4_dot(w: PairChunk, s: QSlot4) -> Pair4 {
+    let f0 = pair_dot_halves(w.q, s.a0);
+    let f1 = pair_dot_halves(w.q, s.a1);
+    let f2 = pair_dot_halves(w.q, s.a2);
+    let f3 = pair_dot_halves(w.q, s.a3);
+    let sd = s.on * s.d;
+    let a = vec4<f32>(f0.x, f1.x, f2.x, f3.x) * w.d.x + vec4<f32>(f0.z, f1.z, f2.z, f3.z) * w.d.y;
+    let b = vec4<f32>(f0.y, f1.y, f2.y, f3.y) * w.d.z + vec4<f32>(f0.w, f1.w, f2.w, f3.w) * w.d.w;
+    return Pair4(a * sd, b * sd);
+}
