@@ -5,10 +5,22 @@
 // Workgroup `wid`'s `wg_rows()` rows from r0 (nr of them exist; none when r0 >= p.n_rows),
 // each kernel's own (a constant, or the host's choice in `mul_mat_ks1`), and
 // its output tokens t0 .. n_out, counted from batch token `first` (the last token alone
-// for `last_only`; tok0 .. tok0 + tok_n of them per dispatch, in windows of tok_win
-// along z). The windows keep each workgroup's loop trips bounded: llvmpipe ends a
-// loop nest after a fixed number of trips (its loop limiter), silently, so a workgroup
-// that walks too many rows times tokens leaves outputs unwritten.
+// for `last_only`; tok0 .. tok0 + tok_n of them per dispatch, in windows of at most
+// tok_win along z). The windows keep each workgroup's loop trips bounded: llvmpipe ends
+// a loop nest after a fixed number of trips (its loop limiter), silently, so a
+// workgroup that walks too many rows times tokens leaves outputs unwritten.
+//
+// The host sizes the grid for windows of tok_win (`ops::mul_mat::ks_tok_win`); the
+// windows here share the dispatch's tokens evenly instead, in multiples of 8 (whole
+// tiles of four and of eight but in the last), so that a batch a little past a whole
+// window is not one full window and one nearly empty: llvmpipe deals a dispatch's
+// workgroups to its threads in runs, and 36 tokens in windows of 32 and 4 ran
+// `ffn_down` at half its rate at 32 tokens (docs/perf.md).
+fn window(n: u32, windows: u32) -> u32 {
+    let even = ((n + windows - 1u) / windows + 7u) / 8u * 8u;
+    return min(p.tok_win, max(even, 8u));
+}
+
 struct KsRows {
     r0: u32,
     nr: u32,
@@ -17,16 +29,22 @@ struct KsRows {
     t0: u32,
 }
 
+// The grid is (groups of rows, folded over x and y) by (windows along z); workgroups are
+// numbered here with the windows innermost, so that a run of consecutive workgroups
+// (x fastest, as llvmpipe deals them) is all the windows of one group of rows, then of
+// the next: each thread gets whole groups of rows, whatever the windows hold.
 fn ks_rows(wid: vec3<u32>, nwg: vec3<u32>) -> KsRows {
-    let r0 = (wid.y * nwg.x + wid.x) * wg_rows();
+    let l = wid.x + nwg.x * (wid.y + nwg.y * wid.z);
+    let r0 = l / nwg.z * wg_rows();
     let first = select(0u, step.n_tokens - 1u, p.last_only != 0u);
-    let t0 = p.tok0 + wid.z * p.tok_win;
     let end = min(step.n_tokens - first, p.tok0 + min(p.tok_n, step.n_tokens));
+    let win = window(end - min(p.tok0, end), nwg.z);
+    let t0 = p.tok0 + l % nwg.z * win;
     return KsRows(
         r0,
         min(wg_rows(), p.n_rows - min(r0, p.n_rows)),
         first,
-        min(end, t0 + p.tok_win),
+        min(end, t0 + win),
         t0,
     );
 }
