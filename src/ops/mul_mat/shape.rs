@@ -137,6 +137,10 @@ const KS_WALK_TRIPS: u32 = 64 * 512;
 /// failed at 512 tokens of 4096 columns in 64 rows. [`KS_WALK_TRIPS`] keeps 2.7x below
 /// the first and further below the second.
 ///
+/// This is the most a window takes: the kernels share a step's tokens evenly over the
+/// grid's windows (`window` in common/x_chunk.wgsl), so that no thread of a CPU-hosted
+/// driver gets the full windows while another gets the short one.
+///
 /// A window is at least [`KS_TOK_WIN_MIN`] tokens, so [`ks1_rows`] caps a batch's rows
 /// per workgroup to keep that window within the budget (a model's output head over
 /// every token of a 512-token batch, as `perplexity` runs it, had 24,576 rows per
