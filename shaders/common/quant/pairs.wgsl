@@ -19,18 +19,24 @@ struct PairChunks {
     hi: PairChunk,
 }
 
+// Bytes 4k .. 4k + 3 of rows A and B from their word k (`a`, `b`): byte i of row A in
+// the low half of component i, row B's in the high half, each in the half's low byte
+// (the bits above it the next byte's, which the callers mask off).
+fn pair_bytes(a: u32, b: u32) -> vec4<u32> {
+    let lw = (a & 0xffffu) | (b << 16u);
+    let hw = (a >> 16u) | (b & 0xffff0000u);
+    return vec4<u32>(lw, lw >> 8u, hw, hw >> 8u);
+}
+
 // The 32 nibbles of a Q4_0 / Q4_1 / Q5_x chunk of rows A and B (the 16 bytes `qa` and
 // `qb`; element j is the low nibble of byte j, element j + 16 its high nibble) as
 // packed fields 0 .. 15.
 fn pair_nibbles(qa: vec4<u32>, qb: vec4<u32>) -> array<vec4<u32>, 8> {
     let m = vec4<u32>(0x000f000fu);
-    // Bytes 0 and 1 of each word of both rows, then bytes 2 and 3.
-    let lw = (qa & vec4<u32>(0xffffu)) | (qb << vec4<u32>(16u));
-    let hw = (qa >> vec4<u32>(16u)) | (qb & vec4<u32>(0xffff0000u));
-    let v0 = vec4<u32>(lw.x, lw.x >> 8u, hw.x, hw.x >> 8u);
-    let v1 = vec4<u32>(lw.y, lw.y >> 8u, hw.y, hw.y >> 8u);
-    let v2 = vec4<u32>(lw.z, lw.z >> 8u, hw.z, hw.z >> 8u);
-    let v3 = vec4<u32>(lw.w, lw.w >> 8u, hw.w, hw.w >> 8u);
+    let v0 = pair_bytes(qa.x, qb.x);
+    let v1 = pair_bytes(qa.y, qb.y);
+    let v2 = pair_bytes(qa.z, qb.z);
+    let v3 = pair_bytes(qa.w, qb.w);
     let f = vec4<u32>(4u);
     return array<vec4<u32>, 8>(
         v0 & m, v1 & m, v2 & m, v3 & m,

@@ -9,9 +9,7 @@ const PAIR_OFF: f32 = 0.0;
 // that the chunk's nibbles are the low ones of their bytes): byte i's nibble of row A in
 // the low field of component i, row B's in the high field.
 fn k4_pair_word(a: u32, b: u32) -> vec4<u32> {
-    let lw = (a & 0xffffu) | (b << 16u);
-    let hw = (a >> 16u) | (b & 0xffff0000u);
-    return vec4<u32>(lw, lw >> 8u, hw, hw >> 8u) & vec4<u32>(0x000f000fu);
+    return pair_bytes(a, b) & vec4<u32>(0x000f000fu);
 }
 
 fn pair_chunk(rb_a: u32, rb_b: u32, c: u32) -> PairChunk {

@@ -16,10 +16,7 @@ fn k5_quants(qs: u32, qh: u32, sh: u32, s: u32) -> u32 {
 // the borrow of a negative low field comes out of the high one, and `fields` gives
 // both back.
 fn k5_pair_word(a: u32, b: u32) -> vec4<u32> {
-    let lw = (a & 0xffffu) | (b << 16u);
-    let hw = (a >> 16u) | (b & 0xffff0000u);
-    return (vec4<u32>(lw, lw >> 8u, hw, hw >> 8u) & vec4<u32>(0x001f001fu))
-        - vec4<u32>(0x00100010u);
+    return (pair_bytes(a, b) & vec4<u32>(0x001f001fu)) - vec4<u32>(0x00100010u);
 }
 
 // The packed quants of chunk c of both rows from their blocks' qh (`ha`, `hb`) and

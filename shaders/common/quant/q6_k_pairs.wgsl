@@ -13,10 +13,7 @@ struct PairChunk {
 // the borrow of a negative low field comes out of the high one, and `fields` gives
 // both back.
 fn q6k_pair_word(a: u32, b: u32) -> vec4<u32> {
-    let lw = (a & 0xffffu) | (b << 16u);
-    let hw = (a >> 16u) | (b & 0xffff0000u);
-    return (vec4<u32>(lw, lw >> 8u, hw, hw >> 8u) & vec4<u32>(0x003f003fu))
-        - vec4<u32>(0x00200020u);
+    return (pair_bytes(a, b) & vec4<u32>(0x003f003fu)) - vec4<u32>(0x00200020u);
 }
 
 // Word k's four six-bit quants of a chunk: the nibbles of `ql` at shift `sl` and two
