@@ -776,13 +776,14 @@ fn ks1_contexts() -> Vec<&'static GpuContext> {
 }
 
 /// Batches of rows too long for one subgroup's `mul_mat_ks1` slots, of the types
-/// `mul_mat_ks1i` dots in integers (the K-quants among them), in its tiles over slices
-/// of the columns (`DeviceOptions::sliced_batches`, on by default where single tokens
-/// split such rows), each slice adding into the output: two slices of equal slots (4096 columns), a short
-/// last slice (2080: 40 and 25 chunks; 5632: 64, 64 and 48), seven slices (14336),
-/// several workgroups of rows; tiles of four and of eight; an added store, fused
-/// outputs, and weights split into parts of rows. With it off, or for the float tiles'
-/// types, `ks` runs them, its activations unquantized.
+/// `mul_mat_ks1i` dots in integers (the K-quants among them) and of Q8_0 (the float
+/// tiles), in tiles over slices of the columns (`DeviceOptions::sliced_batches`, on by
+/// default where single tokens split such rows), each slice adding into the output: two
+/// slices of equal slots (4096 columns), a short last slice (2080: 40 and 25 chunks;
+/// 5632: 64, 64 and 48), seven slices (14336), several workgroups of rows; tiles of
+/// four and of eight, and the float tiles' tail of single tokens; an added store, fused
+/// outputs, and weights split into parts of rows. With it off, `ks` runs them, its
+/// activations unquantized.
 #[test]
 fn batches_in_slices_of_columns() {
     let eight = mul_mat::KS1I_EIGHT_MIN as usize;
@@ -799,6 +800,7 @@ fn batches_in_slices_of_columns() {
             for ty in [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K] {
                 let gw = upload(&ctx, ty, 9, 4096, &weight(ty, 9, 4096, 3));
                 let q8 = mul_mat::quantizes_batches(&ctx, Variant::Ks, &gw, Columns::All);
+                let in_slices = mul_mat::batches_in_slices(&ctx, Variant::Ks, &gw, Columns::All);
                 let int = ty != GgmlType::Q8_0;
                 assert_eq!(
                     q8,
@@ -806,9 +808,25 @@ fn batches_in_slices_of_columns() {
                     "{ty} batches quantized on {}",
                     label(&ctx)
                 );
+                assert_eq!(
+                    in_slices,
+                    sliced,
+                    "{ty} batches in slices on {}",
+                    label(&ctx)
+                );
             }
+            // Rows that fit one subgroup's slots never run in slices.
+            let ty = GgmlType::Q8_0;
+            let gw = upload(&ctx, ty, 9, 2048, &weight(ty, 9, 2048, 3));
+            assert!(!mul_mat::batches_in_slices(
+                &ctx,
+                Variant::Ks,
+                &gw,
+                Columns::All
+            ));
         }
         let types = [
+            GgmlType::Q8_0,
             GgmlType::Q4_0,
             GgmlType::Q4_1,
             GgmlType::Q5_0,
@@ -851,7 +869,18 @@ fn batches_in_slices_of_columns() {
             Columns::All,
             Store::Add,
         );
+        check_store(
+            ctx,
+            Variant::Ks,
+            GgmlType::Q8_0,
+            67,
+            4096,
+            9,
+            Columns::All,
+            Store::Add,
+        );
         check_fused(ctx, Variant::Ks, GgmlType::Q4_1, &[70, 33, 33], 4096, 8);
+        check_fused(ctx, Variant::Ks, GgmlType::Q8_0, &[70, 33, 33], 4096, 6);
         // Weights split into parts of rows (a binding limit of 64 KiB: 25 rows of
         // 2560 bytes each), every part in slices.
         let small = reopened(

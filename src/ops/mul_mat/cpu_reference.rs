@@ -8,11 +8,23 @@ use super::*;
 /// their reference is then [`reference_q8`].
 pub fn quantizes_batches(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Columns) -> bool {
     let (ty, n_cols) = (w.ty, w.n_cols());
-    let Ok(v) = resolve(ctx, v, ty, n_cols, w.memory) else {
-        return false;
-    };
+    batch_variant(ctx, v, w, cols).is_some_and(|v| ks1_tiles_run(ctx, v, ty, n_cols) && ks1_int(ty))
+}
+
+/// Whether steps of more than one token of a product of `w` over `cols`, run as
+/// variant `v`, walk the columns in slices ([`ks1_slices`]), each slice's tiles adding
+/// into the output.
+pub fn batches_in_slices(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Columns) -> bool {
+    batch_variant(ctx, v, w, cols).is_some_and(|v| ks1_slices(ctx, v, w.ty, w.n_cols()).is_some())
+}
+
+/// The variant a batch of every token of a product of `w` runs as, where that is `Ks`
+/// (the only one whose batches run `mul_mat_ks1`'s tiles).
+fn batch_variant(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Columns) -> Option<Variant> {
+    let n_cols = w.n_cols();
+    let v = resolve(ctx, v, w.ty, n_cols, w.memory).ok()?;
     let v = for_product(ctx, v, (w.n_rows(), n_cols), cols);
-    cols == Columns::All && v == Variant::Ks && ks1_tiles_run(ctx, v, ty, n_cols) && ks1_int(ty)
+    (cols == Columns::All && v == Variant::Ks).then_some(v)
 }
 
 /// [`quantizes_batches`] for the variant [`gpu`] runs.

@@ -389,22 +389,13 @@ pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols
 
 /// For batches of a `Ks` product of `ty` on rows too long for one subgroup's slots
 /// (past [`KS1_MAX_SLOTS`] chunks a lane, whose single tokens [`ks1_split`] splits), the
-/// slices of columns `mul_mat_ks1i`'s tiles walk them in, one dispatch each: the chunks
+/// slices of columns `mul_mat_ks1`'s tiles walk them in, one dispatch each: the chunks
 /// per slice (the last may hold fewer) and the slots per lane. Each slice's tiles add
 /// the products of its columns into the output, so that a tile holds the activations of
 /// at most [`KS1_MAX_SLOTS`] chunks a lane in registers; slices of equal slots, the
 /// fewest that hold the row. `None` where the rows fit one subgroup
-/// ([`ks1_batches_fit`]), where single tokens do not split them, for the types
-/// `mul_mat_ks1i` does not take ([`ks1_int`]), or with [`GpuContext::sliced_batches`]
-/// off.
-///
-/// Measured on lavapipe against `mul_mat_ks` (docs/perf.md, "Batches past 2048 columns
-/// in slices"), 16 and 64 tokens at 4096, 8192 and 14336 columns: Q4_0, Q4_1 and Q5_0
-/// 1.1-1.45x; Q4_K, Q5_K and Q6_K (in integers since) 1.2-1.35x, 1.2-1.9x and 1.15-1.25x
-/// at 8192. The float tiles gained too
-/// little to keep: Q8_0 1.05-1.15x but 0.7x at 14336 columns and 64 tokens, Q4_K
-/// even, Q6_K 0.9x; a synthetic 1B Q4_K_M model's `ffn_down` (8192 columns, Q4_K and
-/// Q6_K) took 1.12x as long in a 235-token prompt in float tiles.
+/// ([`ks1_batches_fit`]), where single tokens do not split them, for the types that
+/// are not [`ks1_sliced`], or with [`GpuContext::sliced_batches`] off.
 pub(super) fn ks1_slices(
     ctx: &GpuContext,
     v: Variant,
@@ -413,7 +404,7 @@ pub(super) fn ks1_slices(
 ) -> Option<(u32, u32)> {
     let n_chunks = n_cols / 32;
     let splits = ks1_split(ctx, ty, n_chunks).is_some();
-    if !ctx.sliced_batches || v != Variant::Ks || !ks1_int(ty) || !splits {
+    if !ctx.sliced_batches || v != Variant::Ks || !ks1_sliced(ty) || !splits {
         return None;
     }
     let lanes = ctx.fixed_subgroup()?.max(1) as u64;
@@ -421,6 +412,17 @@ pub(super) fn ks1_slices(
     let slots = n_chunks.div_ceil(slices * lanes);
     let chunks = u32::try_from(slots * lanes).ok()?;
     Some((chunks, slots as u32))
+}
+
+/// The types whose batches past [`KS1_MAX_SLOTS`] chunks a lane run in slices
+/// ([`ks1_slices`]). Measured on lavapipe against `mul_mat_ks` (docs/perf.md, "Batches
+/// past 2048 columns in slices"; "Q8_0's batches in slices"), 16 and 64 tokens at 4096,
+/// 8192 and 14336 columns: Q4_0, Q4_1 and Q5_0 1.1-1.45x; Q4_K, Q5_K and Q6_K 1.2-1.35x,
+/// 1.2-1.9x and 1.15-1.25x at 8192 (the types `mul_mat_ks1i` dots in integers, [`ks1_int`]); Q8_0 in
+/// the float tiles 1.05-1.2x. Q4_K and Q6_K in the float tiles gained nothing
+/// before they were dotted in integers.
+pub(super) fn ks1_sliced(ty: GgmlType) -> bool {
+    ks1_int(ty) || ty == GgmlType::Q8_0
 }
 
 /// Whether batches of a `Ks` product of `ty` run `mul_mat_ks1`'s tile builds (or

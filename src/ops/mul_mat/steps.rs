@@ -122,8 +122,9 @@ impl Kernel {
 /// of four tokens over the whole tiles beside the single-token build over the one to
 /// three tokens left (`Ks`; `KsU` batches run its own tiles; for the types of
 /// [`ks1_int`], `mul_mat_ks1i` over every token of a batch, in tiles of four or, from
-/// [`KS1I_EIGHT_MIN`] tokens, of eight; over rows too long for one subgroup, a dispatch
-/// per slice of the columns, [`ks1_slices`]). Builds that only batches run compile when a
+/// [`KS1I_EIGHT_MIN`] tokens, of eight; over rows too long for one subgroup, the tiles
+/// of the types [`ks1_sliced`] run a dispatch per slice of the columns, [`ks1_slices`]).
+/// Builds that only batches run compile when a
 /// step first runs them ([`warm`] compiles those of a given batch size). A product of
 /// the last token alone never compiles a tile build. With `normed`, both fold in the
 /// norm before the product ([`folds_norm`]). With `ones_elsewhere`, another kernel
