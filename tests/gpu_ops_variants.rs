@@ -676,25 +676,29 @@ fn small_fields_in_runs_and_per_chunk() {
     }
 }
 
-/// Single tokens of rows too long for one subgroup's `mul_mat_ks1` slots, each row
-/// split over a workgroup's subgroups (`DeviceOptions::split_rows`, on by default on
-/// CPU-hosted drivers with one subgroup size), and in `mul_mat_ks` with it off, on
-/// every adapter: two to eight subgroups (65 to 512 chunks), lanes past the row's end,
-/// rows that leave a workgroup's last block of lanes short, batches below five tokens
-/// (the same build, token by token) and above (`ks`), a product of the last token, an
-/// added store, and gate and up as one product storing act(gate) * up.
+/// Single tokens of rows too long for one subgroup's `mul_mat_ks1` slots, walked by one
+/// subgroup in slices of the columns (`DeviceOptions::sliced_tokens`) or split over a
+/// workgroup's subgroups (both on CPU-hosted drivers with one subgroup size, by default
+/// the slices: `DeviceOptions::split_rows`), and in `mul_mat_ks` with `split_rows` off,
+/// on every adapter: two to eight slices or subgroups (65 to 512 chunks), lanes past
+/// the row's end, a short last slice, rows that leave a workgroup's last block of lanes
+/// short, several workgroups of rows, batches below five tokens (the same build, token
+/// by token) and above (`ks`), a product of the last token, an added store, and gate and
+/// up as one product storing act(gate) * up.
 #[test]
 fn rows_split_over_subgroups() {
     for ctx in contexts() {
-        for split_rows in [false, true] {
+        for (split_rows, sliced) in [(false, false), (true, false), (true, true)] {
             let ctx = reopened(
                 ctx,
                 DeviceOptions {
                     split_rows: Some(split_rows),
+                    sliced_tokens: Some(sliced),
                     ..Default::default()
                 },
             );
             assert_eq!(ctx.split_rows, split_rows);
+            assert_eq!(ctx.sliced_tokens, sliced);
             // Each decoder family: planar runs (Q4_0, Q5_1 whose fields reach a third
             // texel), Q8_0's strided lanes, the K-quants in pairs, and floats. With
             // `split_rows` off, one shape each: `ks` has tests of its own.
@@ -708,9 +712,9 @@ fn rows_split_over_subgroups() {
                 GgmlType::Q6_K,
             ];
             for ty in types {
-                // Chunks per row: 65 (two subgroups, five slots), 72 (two, five;
-                // six in pairs), 128 (two, eight), 129 (three, six), 448 (seven,
-                // eight: 14336 columns) and 512 (eight, eight).
+                // Chunks per row: 65 (two subgroups or slices, five slots: 40 and 25
+                // chunks), 72 (two, five; six in pairs), 128 (two, eight), 129 (three,
+                // six), 448 (seven, eight: 14336 columns) and 512 (eight, eight).
                 let shapes: &[(usize, usize, usize)] = if ty.block_size() == 256 {
                     &[
                         (33, 2304, 1),
@@ -733,6 +737,10 @@ fn rows_split_over_subgroups() {
                     .into_iter()
                     .filter(|v| v.available(&ctx))
                 {
+                    let gw = upload(&ctx, ty, 9, 4096, &weight(ty, 9, 4096, 3));
+                    let in_slices = mul_mat::tokens_in_slices(&ctx, v, &gw);
+                    let ks1 = ctx.fixed_subgroup().is_some() && Variant::Ks.available(&ctx);
+                    assert_eq!(in_slices, sliced && ks1, "{ty} {} in slices", v.name());
                     let shapes = if split_rows { shapes } else { &shapes[1..2] };
                     for &(rows, cols, toks) in shapes {
                         check(&ctx, v, ty, rows, cols, toks, Columns::All);
@@ -742,6 +750,13 @@ fn rows_split_over_subgroups() {
                     }
                     check(&ctx, v, ty, 70, 4096, 6, Columns::Last);
                     check_store(&ctx, v, ty, 67, 4096, 1, Columns::All, Store::Add);
+                }
+            }
+            if split_rows && Variant::Ks.available(&ctx) {
+                // Four workgroups of rows on two threads (at most 1024 rows each in
+                // four slices), each of many blocks of lanes, the last one short.
+                for ty in [GgmlType::Q4_0, GgmlType::Q4_K] {
+                    check(&ctx, Variant::Ks, ty, 2100, 8192, 1, Columns::All);
                 }
             }
             // `mul_mat_ks` leaves the activation to a dispatch of its own, which

@@ -39,12 +39,18 @@ fn row_lanes() -> u32 {
     return WG * SPLIT / GROUPS;
 }
 
-// Lane l's k-th chunk of the n_chunks (p.chunk_n) from p.chunk0 (the whole row, or a
-// batch's slice of it): its index in the row, and whether it is in the slice.
+// The first chunk of the slice of a row that a single token's lanes hold now, past
+// p.chunk0, where they walk the row in slices (`SLICED` in ops/mul_mat_ks1.wgsl); 0
+// in every other build.
+var<private> slice0: u32;
+
+// Lane l's k-th chunk of the n_chunks from p.chunk0 + slice0 (the whole row, or a
+// batch's slice of it, or a single token's): its index in the row, and whether it is
+// in the slice.
 fn slot_chunk(k: u32, l: u32, n_chunks: u32) -> vec2<u32> {
     let lr = l % row_lanes();
     let want = select(lr + k * row_lanes(), lr * SLOTS + k, RUNS);
-    return vec2<u32>(p.chunk0 + min(want, n_chunks - 1u), u32(want < n_chunks));
+    return vec2<u32>(p.chunk0 + slice0 + min(want, n_chunks - 1u), u32(want < n_chunks));
 }
 
 // Chunk c of the activations times `inv` and the norm's weight, with NORM.

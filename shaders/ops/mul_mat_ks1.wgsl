@@ -268,6 +268,32 @@ fn split_total(mine: f32, l: u32, block: u32) -> f32 {
 }
 // @end split
 
+// With SLICED (single tokens of rows past 8 * WG chunks, `ops::mul_mat::ks1_token_slices`,
+// instead of SPLIT) a workgroup is one subgroup that walks each token's row in slices
+// of SLOTS * WG chunks: its lanes' slots hold one slice's activations at a time, and it
+// dots all its rows with each slice in turn. Lane j keeps the running sum of row
+// i0 + j in workgroup memory (`slice_total`: only that lane reads or writes it, so no
+// barrier), and the last slice stores the totals as the single-token loop does.
+// Against SPLIT, which holds every slice at once in a workgroup of several subgroups
+// and adds the parts through workgroup memory behind a barrier per block of rows, on
+// lavapipe: see `ks1_token_slices`.
+override SLICED: bool = false;
+// @begin sliced
+// Rows per workgroup at most (the host's `wg_rows` stays within it).
+override SLICE_ROWS: u32 = 1u;
+var<workgroup> row_sums: array<f32, SLICE_ROWS>;
+
+// Lane l's running sum of row i (`on`: a row of the workgroup's) after slice `sl`.
+fn slice_total(mine: f32, i: u32, on: bool, sl: u32) -> f32 {
+    if (!on) {
+        return mine;
+    }
+    let total = mine + select(0.0, row_sums[i], sl > 0u);
+    row_sums[i] = total;
+    return total;
+}
+// @end sliced
+
 // Invocations per workgroup: WG, or WG * SPLIT with SPLIT (set by the host, which
 // chains compare between members).
 override LANES: u32 = 8u;
@@ -338,49 +364,61 @@ fn main(
     // @begin split
     var block = 0u;
     // @end split
+    // With SLICED, a token's row in slices of SLOTS * WG chunks (the last may hold
+    // fewer); else one slice, the whole row.
+    let slice_chunks = select(n_chunks, SLOTS * WG, SLICED);
+    let n_slices = select(1u, (n_chunks + slice_chunks - 1u) / slice_chunks, SLICED);
     for (t += select(0u, span / 4u * 4u, TAILS); !TILE && t < n_out; t++) {
-        let inv = norm_inv(first, t, l, n_chunks);
-        let s0 = slot(first, t, 0u, l, n_chunks, inv);
-        let s1 = slot(first, t, 1u, l, n_chunks, inv); // @slot 1
-        let s2 = slot(first, t, 2u, l, n_chunks, inv); // @slot 2
-        let s3 = slot(first, t, 3u, l, n_chunks, inv); // @slot 3
-        let s4 = slot(first, t, 4u, l, n_chunks, inv); // @slot 4
-        let s5 = slot(first, t, 5u, l, n_chunks, inv); // @slot 5
-        let s6 = slot(first, t, 6u, l, n_chunks, inv); // @slot 6
-        let s7 = slot(first, t, 7u, l, n_chunks, inv); // @slot 7
-        var gate = 0.0;
-        let group = l / row_lanes();
-        // Lane l's index in its subgroup (l itself but with SPLIT).
-        let lane = l % WG;
-        for (var i0 = 0u; i0 < nr; i0 += WG) {
-            var mine = 0.0;
-            for (var j = 0u; j < min(WG, nr - i0); j += GROUPS) {
-                // Group g dots row i0 + j + g (past nr, the last row again, dropped).
-                let v = row_dot(
-                    glu_row(r0 + min(i0 + j + group, nr - 1u)) * p.row_bytes,
-                    s0,
-                    s1, // @slot 1
-                    s2, // @slot 2
-                    s3, // @slot 3
-                    s4, // @slot 4
-                    s5, // @slot 5
-                    s6, // @slot 6
-                    s7, // @slot 7
-                );
-                // Lane j + g keeps row i0 + j + g's sum: group g's lanes'.
-                for (var g = 0u; g < GROUPS; g++) {
-                    let sum = lane_sum(select(0.0, v, group == g));
-                    mine = select(mine, sum, lane == j + g);
+        for (var sl = 0u; sl < n_slices; sl++) {
+            slice0 = sl * slice_chunks;
+            let in_slice = min(slice_chunks, n_chunks - slice0);
+            let last = sl + 1u == n_slices;
+            let inv = norm_inv(first, t, l, in_slice);
+            let s0 = slot(first, t, 0u, l, in_slice, inv);
+            let s1 = slot(first, t, 1u, l, in_slice, inv); // @slot 1
+            let s2 = slot(first, t, 2u, l, in_slice, inv); // @slot 2
+            let s3 = slot(first, t, 3u, l, in_slice, inv); // @slot 3
+            let s4 = slot(first, t, 4u, l, in_slice, inv); // @slot 4
+            let s5 = slot(first, t, 5u, l, in_slice, inv); // @slot 5
+            let s6 = slot(first, t, 6u, l, in_slice, inv); // @slot 6
+            let s7 = slot(first, t, 7u, l, in_slice, inv); // @slot 7
+            var gate = 0.0;
+            let group = l / row_lanes();
+            // Lane l's index in its subgroup (l itself but with SPLIT).
+            let lane = l % WG;
+            for (var i0 = 0u; i0 < nr; i0 += WG) {
+                var mine = 0.0;
+                for (var j = 0u; j < min(WG, nr - i0); j += GROUPS) {
+                    // Group g dots row i0 + j + g (past nr, the last row again, dropped).
+                    let v = row_dot(
+                        glu_row(r0 + min(i0 + j + group, nr - 1u)) * p.row_bytes,
+                        s0,
+                        s1, // @slot 1
+                        s2, // @slot 2
+                        s3, // @slot 3
+                        s4, // @slot 4
+                        s5, // @slot 5
+                        s6, // @slot 6
+                        s7, // @slot 7
+                    );
+                    // Lane j + g keeps row i0 + j + g's sum: group g's lanes'.
+                    for (var g = 0u; g < GROUPS; g++) {
+                        let sum = lane_sum(select(0.0, v, group == g));
+                        mine = select(mine, sum, lane == j + g);
+                    }
                 }
+                // @begin split
+                mine = split_total(mine, l, block);
+                block++;
+                // @end split
+                // @begin sliced
+                mine = slice_total(mine, i0 + l, i0 + l < nr, sl);
+                // @end sliced
+                if (last && i0 + l < nr && (SPLIT == 1u || l < WG)) {
+                    store_row(t, out0 + i0 + l, mine, gate);
+                }
+                gate = mine;
             }
-            // @begin split
-            mine = split_total(mine, l, block);
-            block++;
-            // @end split
-            if (i0 + l < nr && (SPLIT == 1u || l < WG)) {
-                store_row(t, out0 + i0 + l, mine, gate);
-            }
-            gate = mine;
         }
     }
     // @begin rope

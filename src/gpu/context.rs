@@ -49,6 +49,11 @@ pub struct DeviceOptions {
     /// or run `mul_mat_ks` (`Some(false)`); `None`: where [`DeviceOptions::split_rows`]
     /// holds ([`GpuContext::sliced_batches`]; tests run both paths on one adapter).
     pub sliced_batches: Option<bool>,
+    /// Single tokens of rows too long for one subgroup of `mul_mat_ks1` walk each row
+    /// in slices of the columns in one subgroup (`Some(true)`), or split it over a
+    /// workgroup's subgroups (`Some(false)`); `None`: where [`DeviceOptions::split_rows`]
+    /// holds ([`GpuContext::sliced_tokens`]; tests run both paths on one adapter).
+    pub sliced_tokens: Option<bool>,
     /// Aim for about this many workgroups per single-token `mul_mat_ks1` product on
     /// CPU-hosted drivers, instead of one per driver thread (`ops::mul_mat::ks1_rows`;
     /// the bench compares counts in one process).
@@ -260,6 +265,11 @@ pub struct GpuContext {
     /// `ops::mul_mat::ks1_slices`). By default where single tokens split such rows
     /// ([`GpuContext::split_rows`]), whose builds run the tokens the tiles leave.
     pub sliced_batches: bool,
+    /// Whether single tokens of rows past a subgroup's `mul_mat_ks1` slots, where
+    /// [`GpuContext::split_rows`] runs them there, walk each row in slices in one
+    /// subgroup rather than split it over several ([`DeviceOptions::sliced_tokens`],
+    /// `ops::mul_mat::ks1_token_slices`). By default where rows split.
+    pub sliced_tokens: bool,
     /// [`DeviceOptions::ks1_groups`].
     pub ks1_groups: Option<u32>,
     /// [`DeviceOptions::ks1_max_rows`].
@@ -570,6 +580,7 @@ impl GpuContext {
             .split_rows
             .unwrap_or(info.device_type == wgpu::DeviceType::Cpu);
         let sliced_batches = opts.sliced_batches.unwrap_or(split_rows);
+        let sliced_tokens = opts.sliced_tokens.unwrap_or(split_rows);
         Ok(GpuContext {
             unused_output,
             forced_weights,
@@ -590,6 +601,7 @@ impl GpuContext {
             field_runs,
             split_rows,
             sliced_batches,
+            sliced_tokens,
             ks1_groups: opts.ks1_groups,
             ks1_max_rows: opts.ks1_max_rows,
             forced_mul_mat: opts.mul_mat.clone(),

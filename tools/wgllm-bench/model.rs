@@ -51,7 +51,8 @@ pub struct ModelArgs {
     /// interleaved in this process: `mul-mat=VARIANT` (as `WGLLM_MUL_MAT`),
     /// `weights=buffer|texture`, `no-f16`, `no-subgroups`, `workgroup-reductions`,
     /// `one-row-at-a-time`, `ks1-groups=N`, `ks1-max-rows=N`, `chains=on|off`,
-    /// `field-runs=on|off`, `split-rows=on|off` or `sliced-batches=on|off`.
+    /// `field-runs=on|off`, `split-rows=on|off`, `sliced-batches=on|off` or
+    /// `sliced-tokens=on|off`.
     #[arg(long, value_name = "SETTING")]
     versus: Option<String>,
     #[arg(long)]
@@ -107,12 +108,13 @@ fn versus_options(setting: &str, opts: &DeviceOptions) -> Result<DeviceOptions> 
         ("field-runs", Some(v)) => o.field_runs = Some(on_off(key, v)?),
         ("split-rows", Some(v)) => o.split_rows = Some(on_off(key, v)?),
         ("sliced-batches", Some(v)) => o.sliced_batches = Some(on_off(key, v)?),
+        ("sliced-tokens", Some(v)) => o.sliced_tokens = Some(on_off(key, v)?),
         _ => {
             return Err(Error::invalid(format!(
                 "--versus {setting}: expected mul-mat=VARIANT, weights=buffer|texture, \
                  no-f16, no-subgroups, workgroup-reductions, one-row-at-a-time, \
                  ks1-groups=N, ks1-max-rows=N, chains=on|off, field-runs=on|off, \
-                 split-rows=on|off or sliced-batches=on|off"
+                 split-rows=on|off, sliced-batches=on|off or sliced-tokens=on|off"
             )))
         }
     }

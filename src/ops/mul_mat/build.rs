@@ -59,6 +59,9 @@ pub(super) struct Ks1 {
     /// [`ks1_split`]); 1 in the batch builds, which run only rows one subgroup holds,
     /// and on such rows.
     pub(super) split: u32,
+    /// Whether a single token's subgroup walks each row in slices of `slots` chunks a
+    /// lane (`SLICED`, [`ks1_token_slices`]); false in the batch builds.
+    pub(super) sliced: bool,
     /// Rows a single token's subgroup dots at once (`GROUPS`, [`ks1_shape`]); 1 in the
     /// batch builds.
     pub(super) groups: u32,
@@ -224,6 +227,10 @@ pub(super) fn kernel_pipeline(
             if split > 1 {
                 c.push(("SPLIT", split as f64));
             }
+            if k.sliced && k.tile == 1 {
+                c.push(("SLICED", 1.0));
+                c.push(("SLICE_ROWS", KS1_SLICE_ROWS as f64));
+            }
             if k.every_token && k.tile == 1 {
                 c.push(("TAILS", 0.0));
             }
@@ -283,6 +290,7 @@ pub(super) fn kernel_pipeline(
                 let src = crate::gpu::shaders::keep_regions(&src, "kblock", kblock);
                 let src = crate::gpu::shaders::keep_regions(&src, "chunk_pairs", chunk_pairs);
                 let src = crate::gpu::shaders::keep_regions(&src, "split", k.subgroups() > 1);
+                let src = crate::gpu::shaders::keep_regions(&src, "sliced", k.sliced);
                 let src = crate::gpu::shaders::keep_slots(&src, k.slots);
                 let src = crate::gpu::shaders::keep_regions(&src, "tile4", k.tile != 8);
                 crate::gpu::shaders::keep_regions(&src, "tile8", k.tile == 8)

@@ -18,6 +18,15 @@ pub fn batches_in_slices(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Colu
     batch_variant(ctx, v, w, cols).is_some_and(|v| ks1_slices(ctx, v, w.ty, w.n_cols()).is_some())
 }
 
+/// Whether single tokens of a product of `w`, run as variant `v`, walk its rows in
+/// slices of the columns ([`ks1_token_slices`]).
+pub fn tokens_in_slices(ctx: &GpuContext, v: Variant, w: &GpuTensor) -> bool {
+    let n_cols = w.n_cols();
+    let v = resolve(ctx, v, w.ty, n_cols, w.memory);
+    matches!(v, Ok(Variant::Ks | Variant::KsU))
+        && ks1_token_slices(ctx, w.ty, n_cols / 32).is_some()
+}
+
 /// The variant a batch of every token of a product of `w` runs as, where that is `Ks`
 /// (the only one whose batches run `mul_mat_ks1`'s tiles).
 fn batch_variant(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Columns) -> Option<Variant> {

@@ -256,6 +256,7 @@ impl<'a> RopeOut<'a> {
         Ks1 {
             slots,
             split: 1,
+            sliced: false,
             groups,
             normed: true,
             tile: 1,

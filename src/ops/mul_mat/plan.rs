@@ -227,6 +227,8 @@ fn part_dispatches(
             let walks_rows = matches!(v, Variant::Ks | Variant::KsU) && !kernel.tiled;
             if walks_rows {
                 let lane_chunks = match kernel.ks1 {
+                    // A window's tokens walk every row once a slice.
+                    Some(Ks1Walk::Sliced(slices)) => slices,
                     Some(_) => 1,
                     None => (w.n_cols() as u32 / 32).div_ceil(ctx.subgroup_min_size.max(1)),
                 };
@@ -274,6 +276,7 @@ fn part_dispatches(
                 Some(Ks1Walk::Tokens | Ks1Walk::Heads(_)) => d.chainable(ks1_chainable(wp.wg_rows)),
                 // Its workgroups are several subgroups, the chains' one.
                 Some(Ks1Walk::Split) => d,
+                Some(Ks1Walk::Sliced(_)) => d,
                 None if v == Variant::Ks && walks_rows => {
                     d.chainable(ks_chainable(ctx, w.n_cols()))
                 }

@@ -23,6 +23,9 @@ pub(super) enum Ks1Walk {
     /// Single tokens, each row split over a workgroup's subgroups ([`ks1_split`]),
     /// whose workgroups are larger than the other kernels' and so join no chain.
     Split,
+    /// Single tokens, each row walked in this many slices of its columns
+    /// ([`ks1_token_slices`]), at most [`KS1_SLICE_ROWS`] rows a workgroup.
+    Sliced(u32),
     /// Single tokens, each workgroup's rows whole heads of this many rows
     /// (`mul_mat_ks1nr`, whose workgroups rotate the heads they stored).
     Heads(u32),
@@ -65,6 +68,18 @@ pub(super) fn ks1_rows(ctx: &GpuContext, n_rows: u32, walk: Ks1Walk) -> u32 {
         Ks1Walk::Tokens | Ks1Walk::Split | Ks1Walk::Heads(_) => {
             let most = ctx.ks1_max_rows.unwrap_or(KS1_MAX_ROWS);
             n_rows.div_ceil(ks1_groups(ctx)).min(most)
+        }
+        // A workgroup's running sums fit its workgroup memory, and a window of the
+        // fewest tokens (a batch's tail, or every token where no tiles run) walks each
+        // row once a slice within the trip budget ([`ks_tok_win`]): as many workgroups
+        // per driver thread as that takes, the rows shared evenly.
+        Ks1Walk::Sliced(slices) => {
+            let trips = KS_WALK_TRIPS / KS_TOK_WIN_MIN / slices.max(1) / step * step;
+            let most = ctx.ks1_max_rows.unwrap_or(KS1_MAX_ROWS).min(KS1_SLICE_ROWS);
+            let most = most.min(trips).max(step);
+            let threads = ks1_groups(ctx);
+            let groups = threads.saturating_mul(n_rows.div_ceil(threads.saturating_mul(most)));
+            n_rows.div_ceil(groups.max(1)).min(most)
         }
     };
     rows.next_multiple_of(step).max(KS_ROWS)
@@ -304,7 +319,8 @@ const KS1_MAX_SPLIT: u32 = 8;
 /// the K-quants, which dot them in pairs). `None` where the row fits one subgroup,
 /// where it is too long for [`KS1_MAX_SPLIT`] subgroups or the device's workgroups, where
 /// the device's subgroups do not have one fixed size (the parts' sums are each
-/// subgroup's `subgroupAdd`), or with [`GpuContext::split_rows`] off.
+/// subgroup's `subgroupAdd`), with [`GpuContext::split_rows`] off, or where single
+/// tokens walk such rows in slices instead ([`ks1_token_slices`]).
 ///
 /// Measured on lavapipe (docs/perf.md): 1.5-2.6x faster than `ks` at 4096 and 14336
 /// columns (Q6_K, whose pairs `ks` already walked, about even), a synthetic 8B model's
@@ -313,7 +329,7 @@ const KS1_MAX_SPLIT: u32 = 8;
 /// per row spread over half the slots.
 pub(super) fn ks1_split(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> Option<(u32, u32)> {
     let lanes = ctx.fixed_subgroup()?.max(1);
-    if !ctx.split_rows || ks1_slots(ctx, n_chunks) > 0 {
+    if !ctx.split_rows || ctx.sliced_tokens || ks1_slots(ctx, n_chunks) > 0 {
         return None;
     }
     let l = &ctx.limits;
@@ -332,10 +348,69 @@ pub(super) fn ks1_split(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> Option
     })
 }
 
+/// The most rows a workgroup of single tokens walked in slices takes
+/// ([`Ks1Walk::Sliced`]): its lanes keep their rows' running sums in workgroup memory,
+/// 4 bytes a row (`SLICE_ROWS` in ops/mul_mat_ks1.wgsl).
+pub(super) const KS1_SLICE_ROWS: u32 = 2048;
+
+/// For single tokens of rows too long for one subgroup's slots (more than
+/// [`KS1_MAX_SLOTS`] chunks a lane) on devices that run them in `mul_mat_ks1`
+/// ([`GpuContext::split_rows`]), the chunks per lane of each slice of the row one
+/// subgroup walks in turn (`SLICED`), and the slices: slices of equal slots, the fewest
+/// that hold the row (an even count for the K-quants, which dot them in pairs). `None`
+/// where the row fits one subgroup, where it takes more than [`KS1_MAX_TOKEN_SLICES`], where the device's subgroups do not have one fixed size or its
+/// workgroup memory does not hold [`KS1_SLICE_ROWS`] sums, or with
+/// [`GpuContext::sliced_tokens`] off (then [`ks1_split`] splits such rows).
+///
+/// Measured on lavapipe against the split rows (docs/perf.md, "Single tokens of long
+/// rows in slices").
+pub(super) fn ks1_token_slices(
+    ctx: &GpuContext,
+    ty: GgmlType,
+    n_chunks: u64,
+) -> Option<(u32, u32)> {
+    let lanes = ctx.fixed_subgroup()?.max(1) as u64;
+    let memory = ctx.limits.max_compute_workgroup_storage_size / 4;
+    if !ctx.split_rows || !ctx.sliced_tokens || ks1_slots(ctx, n_chunks) > 0 {
+        return None;
+    }
+    if memory < KS1_SLICE_ROWS || n_chunks == 0 {
+        return None;
+    }
+    let slots = equal_slices(n_chunks, lanes);
+    let slots = if ks_paired(ty) {
+        slots.next_multiple_of(2)
+    } else {
+        slots
+    };
+    let slices = n_chunks.div_ceil(slots * lanes);
+    if slices > KS1_MAX_TOKEN_SLICES {
+        return None;
+    }
+    Some((u32::try_from(slots).ok()?, u32::try_from(slices).ok()?))
+}
+
+/// The most slices [`ks1_token_slices`] cuts a row into (32768 columns on 8-lane
+/// subgroups): a workgroup's rows times its slices stay within the trip budget
+/// ([`ks1_rows`]) on at least [`KS_ROWS`] rows.
+const KS1_MAX_TOKEN_SLICES: u64 = 16;
+
+/// The chunks per lane of each slice where rows of `n_chunks` on `lanes` lanes are cut
+/// into the fewest slices of at most [`KS1_MAX_SLOTS`] chunks a lane, of equal slots
+/// (the last slice may hold fewer chunks).
+fn equal_slices(n_chunks: u64, lanes: u64) -> u64 {
+    let slices = n_chunks.div_ceil(lanes * KS1_MAX_SLOTS).max(1);
+    n_chunks.div_ceil(slices * lanes)
+}
+
 /// A single-token `mul_mat_ks1` build's rows per subgroup pass, chunks per lane and
 /// subgroups per workgroup (`GROUPS`, `SLOTS`, `SPLIT`) for rows of `n_chunks` of `ty`:
-/// [`ks1_split`]'s where it splits the rows, else [`ks1_shape`]'s on one subgroup.
+/// [`ks1_token_slices`]'s slots where one subgroup walks the rows in slices,
+/// [`ks1_split`]'s where it splits them, else [`ks1_shape`]'s on one subgroup.
 pub(super) fn ks1_token_shape(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> (u32, u32, u32) {
+    if let Some((slots, _)) = ks1_token_slices(ctx, ty, n_chunks) {
+        return (1, slots, 1);
+    }
     match ks1_split(ctx, ty, n_chunks) {
         Some((split, slots)) => (1, slots, split),
         None => {
@@ -343,6 +418,13 @@ pub(super) fn ks1_token_shape(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> 
             (groups, slots, 1)
         }
     }
+}
+
+/// Whether single tokens of rows of `n_chunks` of `ty` run `mul_mat_ks1` although one
+/// subgroup's slots do not hold them: split ([`ks1_split`]) or in slices
+/// ([`ks1_token_slices`]).
+fn ks1_long_rows(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> bool {
+    ks1_token_slices(ctx, ty, n_chunks).is_some() || ks1_split(ctx, ty, n_chunks).is_some()
 }
 
 /// Whether `Ks` walks a single token's chunks in pairs (`PAIRED` in mul_mat_ks.wgsl):
@@ -363,14 +445,14 @@ pub(super) fn ks_paired(ty: GgmlType) -> bool {
 /// in `ks`.
 /// Past [`KS1_UNPAIRED_MAX_SLOTS`], the K-quants only on an even count of slots, in
 /// pairs.
-/// Rows past [`KS1_MAX_SLOTS`] chunks a lane run there too where [`ks1_split`] splits
-/// them over a workgroup's subgroups.
+/// Rows past [`KS1_MAX_SLOTS`] chunks a lane run there too where one subgroup walks
+/// them in slices ([`ks1_token_slices`]) or [`ks1_split`] splits them over a
+/// workgroup's subgroups.
 pub(super) fn ks1_fits(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: u64) -> bool {
     let slots = ks1_slots(ctx, n_cols / 32);
     let unpaired_k_quant = ks_paired(ty) && slots % 2 == 1;
     let one_subgroup = slots > 0 && (slots <= KS1_UNPAIRED_MAX_SLOTS || !unpaired_k_quant);
-    matches!(v, Variant::Ks | Variant::KsU)
-        && (one_subgroup || ks1_split(ctx, ty, n_cols / 32).is_some())
+    matches!(v, Variant::Ks | Variant::KsU) && (one_subgroup || ks1_long_rows(ctx, ty, n_cols / 32))
 }
 
 /// Whether batches of a product of `ty` run `mul_mat_ks1`'s tile builds (or
@@ -388,13 +470,14 @@ pub(super) fn ks1_batches_fit(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols
 }
 
 /// For batches of a `Ks` product of `ty` on rows too long for one subgroup's slots
-/// (past [`KS1_MAX_SLOTS`] chunks a lane, whose single tokens [`ks1_split`] splits), the
+/// (past [`KS1_MAX_SLOTS`] chunks a lane, whose single tokens run `mul_mat_ks1` in
+/// slices or split, [`ks1_token_slices`], [`ks1_split`]), the
 /// slices of columns `mul_mat_ks1`'s tiles walk them in, one dispatch each: the chunks
 /// per slice (the last may hold fewer) and the slots per lane. Each slice's tiles add
 /// the products of its columns into the output, so that a tile holds the activations of
 /// at most [`KS1_MAX_SLOTS`] chunks a lane in registers; slices of equal slots, the
 /// fewest that hold the row. `None` where the rows fit one subgroup
-/// ([`ks1_batches_fit`]), where single tokens do not split them, for the types that
+/// ([`ks1_batches_fit`]), where single tokens do not run them there, for the types that
 /// are not [`ks1_sliced`], or with [`GpuContext::sliced_batches`] off.
 pub(super) fn ks1_slices(
     ctx: &GpuContext,
@@ -403,13 +486,12 @@ pub(super) fn ks1_slices(
     n_cols: u64,
 ) -> Option<(u32, u32)> {
     let n_chunks = n_cols / 32;
-    let splits = ks1_split(ctx, ty, n_chunks).is_some();
-    if !ctx.sliced_batches || v != Variant::Ks || !ks1_sliced(ty) || !splits {
+    let long_rows = ks1_long_rows(ctx, ty, n_chunks);
+    if !ctx.sliced_batches || v != Variant::Ks || !ks1_sliced(ty) || !long_rows {
         return None;
     }
     let lanes = ctx.fixed_subgroup()?.max(1) as u64;
-    let slices = n_chunks.div_ceil(lanes * KS1_MAX_SLOTS);
-    let slots = n_chunks.div_ceil(slices * lanes);
+    let slots = equal_slices(n_chunks, lanes);
     let chunks = u32::try_from(slots * lanes).ok()?;
     Some((chunks, slots as u32))
 }

@@ -213,6 +213,7 @@ fn kernels_compiled(
         ]);
     }
     let (groups, slots, split) = ks1_token_shape(ctx, ty, n_cols / 32);
+    let token_slices = ks1_token_slices(ctx, ty, n_cols / 32).map(|(_, slices)| slices);
     // Rows too long for one subgroup's slots: batches in slices of the columns, if any.
     let sliced = ks1_slices(ctx, v, ty, n_cols);
     // Rows too long for the tile builds: `Ks`'s batches of fewer than `KS_TILE_MIN`
@@ -222,6 +223,7 @@ fn kernels_compiled(
     let one = Ks1 {
         slots,
         split,
+        sliced: token_slices.is_some(),
         groups,
         normed,
         tile: 1,
@@ -232,6 +234,8 @@ fn kernels_compiled(
     let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), ones))?;
     let walk = if split > 1 {
         Ks1Walk::Split
+    } else if let Some(slices) = token_slices {
+        Ks1Walk::Sliced(slices)
     } else {
         Ks1Walk::Tokens
     };
@@ -262,6 +266,7 @@ fn kernels_compiled(
                     slots: tile_slots,
                     groups: 1,
                     split: 1,
+                    sliced: false,
                     ..one
                 });
                 let pipe = kernel_pipeline(ctx, ty, v, memory, (build, LATER))?;
