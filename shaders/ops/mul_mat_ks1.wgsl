@@ -5,8 +5,9 @@
 // dot a lane's chunks in pairs where it holds an even count, `PAIRS`). A workgroup is
 // one subgroup owning ROWS consecutive rows; per row, each lane dots its chunks,
 // `subgroupAdd` gives the row's sum, and lane j keeps row i0 + j's so that the lanes
-// store WG rows at once. Single tokens of longer rows split each row over a
-// workgroup of several subgroups (`SPLIT`, below).
+// store WG rows at once. Single tokens of longer rows are walked in slices of their
+// columns by one subgroup (`SLICED`, below), or split over a workgroup of several
+// subgroups (`SPLIT`, below).
 //
 // Against `mul_mat_ks`, whose single-token path walks the chunks outside and the rows
 // inside, adding each row's partial sum into a private array: with no private array

@@ -732,6 +732,9 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
                     // and left out as the builds of rows one subgroup holds leave it.
                     let unsplit = keep_regions(&src, "split", false);
                     out.push((format!("{label}_unsplit"), unsplit));
+                    // So is `sliced` (single tokens of such rows walked in slices).
+                    let unsliced = keep_regions(&src, "sliced", false);
+                    out.push((format!("{label}_unsliced"), unsliced));
                 }
                 out.push((label, src));
             }
