@@ -329,7 +329,10 @@ const KS1_MAX_SPLIT: u32 = 8;
 /// per row spread over half the slots.
 pub(super) fn ks1_split(ctx: &GpuContext, ty: GgmlType, n_chunks: u64) -> Option<(u32, u32)> {
     let lanes = ctx.fixed_subgroup()?.max(1);
-    if !ctx.split_rows || ctx.sliced_tokens || ks1_slots(ctx, n_chunks) > 0 {
+    if !ctx.split_rows || ks1_slots(ctx, n_chunks) > 0 {
+        return None;
+    }
+    if ks1_token_slices(ctx, ty, n_chunks).is_some() {
         return None;
     }
     let l = &ctx.limits;
