@@ -28,6 +28,42 @@ fn pair_bytes(a: u32, b: u32) -> vec4<u32> {
     return vec4<u32>(lw, lw >> 8u, hw, hw >> 8u);
 }
 
+// Word k's four quants of one row (one per byte) whose low four bits are the nibbles
+// of `lo` at shift `sl` and whose bits above are the bits of `hi` at shift `sh` under
+// `hmask` (Q5_K: one bit a byte, 0x01010101; Q6_K: two, 0x03030303).
+fn high_quants(lo: u32, hi: u32, sl: u32, sh: u32, hmask: u32) -> u32 {
+    return ((lo >> sl) & 0x0f0f0f0fu) | (((hi >> sh) & hmask) << 4u);
+}
+
+// Elements 4k .. 4k + 3 of rows A and B of `high_quants` (from their word k of
+// nibbles, `la` and `lb`, and of high bits, `ha` and `hb`), less half their range (16
+// for five bits, 32 for six), so that a field's sums stay within its 16 bits (each
+// type's file says how many): row A's in the low field of component i, row B's in the
+// high one. The borrow of a negative low field
+// comes out of the high one, and `fields` gives both back.
+fn high_pair_word(la: u32, ha: u32, lb: u32, hb: u32, sl: u32, sh: u32, hmask: u32) -> vec4<u32> {
+    let m = ((hmask & 0xffu) << 4u) | 0x0fu;
+    let a = high_quants(la, ha, sl, sh, hmask);
+    let b = high_quants(lb, hb, sl, sh, hmask);
+    return (pair_bytes(a, b) & vec4<u32>(m * 0x10001u)) - vec4<u32>((m + 1u) / 2u * 0x10001u);
+}
+
+// The packed quants of a chunk of rows A and B whose quants are `high_quants`: its
+// eight words of `high_pair_word` (an array built whole, not a private array the
+// driver would index lane by lane).
+fn high_pair_q(la: array<u32, 8>, lb: array<u32, 8>, ha: array<u32, 8>, hb: array<u32, 8>, sl: u32, sh: u32, hmask: u32) -> array<vec4<u32>, 8> {
+    return array<vec4<u32>, 8>(
+        high_pair_word(la[0], ha[0], lb[0], hb[0], sl, sh, hmask),
+        high_pair_word(la[1], ha[1], lb[1], hb[1], sl, sh, hmask),
+        high_pair_word(la[2], ha[2], lb[2], hb[2], sl, sh, hmask),
+        high_pair_word(la[3], ha[3], lb[3], hb[3], sl, sh, hmask),
+        high_pair_word(la[4], ha[4], lb[4], hb[4], sl, sh, hmask),
+        high_pair_word(la[5], ha[5], lb[5], hb[5], sl, sh, hmask),
+        high_pair_word(la[6], ha[6], lb[6], hb[6], sl, sh, hmask),
+        high_pair_word(la[7], ha[7], lb[7], hb[7], sl, sh, hmask),
+    );
+}
+
 // The 32 nibbles of a Q4_0 / Q4_1 / Q5_x chunk of rows A and B (the 16 bytes `qa` and
 // `qb`; element j is the low nibble of byte j, element j + 16 its high nibble) as
 // packed fields 0 .. 15.

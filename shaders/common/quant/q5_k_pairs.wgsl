@@ -5,35 +5,11 @@
 
 const PAIR_OFF: f32 = 16.0;
 
-// Word k's four five-bit quants of one row (one per byte): the nibbles of `qs` at
-// shift `sh` and bit `s` of each byte of `qh`.
-fn k5_quants(qs: u32, qh: u32, sh: u32, s: u32) -> u32 {
-    return ((qs >> sh) & 0x0f0f0f0fu) | (((qh >> s) & 0x01010101u) << 4u);
-}
-
-// Elements 4k .. 4k + 3 of both rows less 16, from their words of five-bit quants
-// (`k5_quants`): row A's in the low field of component i, row B's in the high one;
-// the borrow of a negative low field comes out of the high one, and `fields` gives
-// both back.
-fn k5_pair_word(a: u32, b: u32) -> vec4<u32> {
-    return (pair_bytes(a, b) & vec4<u32>(0x001f001fu)) - vec4<u32>(0x00100010u);
-}
-
 // The packed quants of chunk c of both rows from their blocks' qh (`ha`, `hb`) and
-// sub-block pair's nibbles (`qa`, `qb`), eight words each.
+// sub-block pair's nibbles (`qa`, `qb`), eight words each: the nibbles at shift
+// 4 (c % 2), the fifth bit bit c % 8 of each qh byte (`high_pair_q` in pairs.wgsl).
 fn k5_pair_q(qa: array<u32, 8>, qb: array<u32, 8>, ha: array<u32, 8>, hb: array<u32, 8>, c: u32) -> array<vec4<u32>, 8> {
-    let sh = (c & 1u) * 4u;
-    let s = c & 7u;
-    return array<vec4<u32>, 8>(
-        k5_pair_word(k5_quants(qa[0], ha[0], sh, s), k5_quants(qb[0], hb[0], sh, s)),
-        k5_pair_word(k5_quants(qa[1], ha[1], sh, s), k5_quants(qb[1], hb[1], sh, s)),
-        k5_pair_word(k5_quants(qa[2], ha[2], sh, s), k5_quants(qb[2], hb[2], sh, s)),
-        k5_pair_word(k5_quants(qa[3], ha[3], sh, s), k5_quants(qb[3], hb[3], sh, s)),
-        k5_pair_word(k5_quants(qa[4], ha[4], sh, s), k5_quants(qb[4], hb[4], sh, s)),
-        k5_pair_word(k5_quants(qa[5], ha[5], sh, s), k5_quants(qb[5], hb[5], sh, s)),
-        k5_pair_word(k5_quants(qa[6], ha[6], sh, s), k5_quants(qb[6], hb[6], sh, s)),
-        k5_pair_word(k5_quants(qa[7], ha[7], sh, s), k5_quants(qb[7], hb[7], sh, s)),
-    );
+    return high_pair_q(qa, qb, ha, hb, (c & 1u) * 4u, c & 7u, 0x01010101u);
 }
 
 fn pair_chunk(rb_a: u32, rb_b: u32, c: u32) -> PairChunk {

@@ -8,34 +8,11 @@ struct PairChunk {
     d: vec4<f32>,
 }
 
-// Elements 4k .. 4k + 3 of both rows less 32, from their words of four six-bit quants
-// (one per byte): row A's in the low field of component i, row B's in the high one;
-// the borrow of a negative low field comes out of the high one, and `fields` gives
-// both back.
-fn q6k_pair_word(a: u32, b: u32) -> vec4<u32> {
-    return (pair_bytes(a, b) & vec4<u32>(0x003f003fu)) - vec4<u32>(0x00200020u);
-}
-
-// Word k's four six-bit quants of a chunk: the nibbles of `ql` at shift `sl` and two
-// bits of `qh` at shift `sh`.
-fn q6k_quants(ql: u32, qh: u32, sl: u32, sh: u32) -> u32 {
-    return ((ql >> sl) & 0x0f0f0f0fu) | (((qh >> sh) & 0x03030303u) << 4u);
-}
-
-// The packed quants of chunk s (of its block) of both rows, from their ql and qh words.
+// The packed quants of chunk s (of its block) of both rows, from their ql and qh
+// words: the nibbles of ql at shift 4 ((s / 2) % 2), two bits of each qh byte at shift
+// 2 (s % 4) (`high_pair_q` in pairs.wgsl).
 fn q6k_pair_q(la: array<u32, 8>, lb: array<u32, 8>, ha: array<u32, 8>, hb: array<u32, 8>, s: u32) -> array<vec4<u32>, 8> {
-    let sl = ((s >> 1u) & 1u) * 4u;
-    let sh = (s & 3u) * 2u;
-    return array<vec4<u32>, 8>(
-        q6k_pair_word(q6k_quants(la[0], ha[0], sl, sh), q6k_quants(lb[0], hb[0], sl, sh)),
-        q6k_pair_word(q6k_quants(la[1], ha[1], sl, sh), q6k_quants(lb[1], hb[1], sl, sh)),
-        q6k_pair_word(q6k_quants(la[2], ha[2], sl, sh), q6k_quants(lb[2], hb[2], sl, sh)),
-        q6k_pair_word(q6k_quants(la[3], ha[3], sl, sh), q6k_quants(lb[3], hb[3], sl, sh)),
-        q6k_pair_word(q6k_quants(la[4], ha[4], sl, sh), q6k_quants(lb[4], hb[4], sl, sh)),
-        q6k_pair_word(q6k_quants(la[5], ha[5], sl, sh), q6k_quants(lb[5], hb[5], sl, sh)),
-        q6k_pair_word(q6k_quants(la[6], ha[6], sl, sh), q6k_quants(lb[6], hb[6], sl, sh)),
-        q6k_pair_word(q6k_quants(la[7], ha[7], sl, sh), q6k_quants(lb[7], hb[7], sl, sh)),
-    );
+    return high_pair_q(la, lb, ha, hb, ((s >> 1u) & 1u) * 4u, (s & 3u) * 2u, 0x03030303u);
 }
 
 // (d sc_lo, d sc_hi) of chunk s of a block, from the scales' word `sw` holding its two
