@@ -197,7 +197,7 @@ fn texel_words(t: u32, texels: u32) -> array<u32, 12> {
 }
 
 // A lane's run of consecutive chunks' small fields (scales, fifth bits), read once per
-// row (`FIELDS` in ops/mul_mat_ks1.wgsl) where reading each chunk's field fetches a
+// row (the walk `fields` in ops/mul_mat_ks1.wgsl) where reading each chunk's field fetches a
 // whole aligned vec4 (a texel) for it. The words of the plane from the one holding byte
 // `b` on: word j of the result is the word at byte (b & ~3) + 4 j. A run of `slots`
 // fields of `n` bytes (2 or 4) from `b`, a multiple of n, lies in the two aligned

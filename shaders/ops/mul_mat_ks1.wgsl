@@ -2,7 +2,7 @@
 // subgroup holds all of a row's activations in registers: each of the WG lanes holds
 // SLOTS chunks of 32 (`ops::mul_mat::ks1_fits` picks it on rows of at most 8 * WG
 // chunks, single tokens and batches, `ks1_batches_fit`; the K-quants' single tokens
-// dot a lane's chunks in pairs where it holds an even count, `PAIRS`). A workgroup is
+// dot a lane's chunks in pairs where it holds an even count, the walk `pairs`). A workgroup is
 // one subgroup owning ROWS consecutive rows; per row, each lane dots its chunks,
 // `subgroupAdd` gives the row's sum, and lane j keeps row i0 + j's so that the lanes
 // store WG rows at once. Single tokens of longer rows are walked in slices of their
@@ -66,6 +66,7 @@ fn slot(first: u32, t: u32, k: u32, l: u32, n_chunks: u32, inv: f32) -> Slot {
     return Slot(c.x, f32(c.y), x_pre(x, c.x), x_sum(x));
 }
 
+// @begin tile
 // Slot k of the four tokens t .. t + 3, whose 1 / rms are `inv` with NORM.
 struct Slot4 {
     c: u32,
@@ -94,27 +95,32 @@ fn slot4_dot(rb: u32, s: Slot4) -> vec4<f32> {
     return s.on * vec4<f32>(vdot32(w, s.x0), vdot32(w, s.x1), vdot32(w, s.x2), vdot32(w, s.x3));
 }
 
+// @end tile
+
 fn slot_dot(row_byte: u32, s: Slot) -> f32 {
     return s.on * wdot32_pre(row_byte, s.c, s.x, s.xs);
 }
 
-// Slots a and a + 1 hold chunks 2 c2 and 2 c2 + 1 of a row with PAIRS (an even chunk
-// count per lane, each lane's run starting at an even chunk, rows of an even count of
-// chunks): the K-quants' two chunks that share bytes (Q4_K and Q5_K their nibbles,
-// header and scales; Q6_K its high bits, scales and d), dotted with one load of them
-// (`wdot64_pre`), where one chunk at a time loads them twice. Both slots are in the
-// row or neither.
-override PAIRS: bool = false;
-
+// A single token's row is walked one of four ways, each a region of `row_dot` below
+// (the host keeps one, `ops::mul_mat::build::RowDot`): `plain`, a chunk at a time;
+// `pairs`, `kblock` and `fields`, next.
+//
+// With `pairs`, slots a and a + 1 hold chunks 2 c2 and 2 c2 + 1 of a row (an even
+// chunk count per lane, each lane's run starting at an even chunk, rows of an even
+// count of chunks): the K-quants' two chunks that share bytes (Q4_K and Q5_K their
+// nibbles, header and scales; Q6_K its high bits, scales and d), dotted with one load
+// of them (`wdot64_pre`), where one chunk at a time loads them twice. Both slots are
+// in the row or neither.
+// @begin pairs
 fn pair_dot(row_byte: u32, a: Slot, b: Slot) -> f32 {
     return a.on * wdot64_pre(row_byte, a.c / 2u, a.x, b.x, a.xs, b.xs);
 }
+// @end pairs
 
-// With KBLOCK (region `kblock`: PAIRS where a lane's run of SLOTS chunks lies in one
-// block of eight, SLOTS 2, 4 or 8), a lane reads what its pairs share in the block (the
-// K-quant's header or scales, Q5_K's fifth bits, Q6_K's d: the decoder's `k_block`)
-// once per row, where each pair's dot read it again.
-override KBLOCK: bool = false;
+// With `kblock` (pairs where a lane's run of SLOTS chunks lies in one block of eight,
+// SLOTS 2, 4 or 8), a lane reads what its pairs share in the block (the K-quant's
+// header or scales, Q5_K's fifth bits, Q6_K's d: the decoder's `k_block`) once per
+// row, where each pair's dot read it again.
 
 // @begin kblock
 fn pair_dot_blk(row_byte: u32, a: Slot, b: Slot, blk: KBlock) -> f32 {
@@ -122,13 +128,12 @@ fn pair_dot_blk(row_byte: u32, a: Slot, b: Slot, blk: KBlock) -> f32 {
 }
 // @end kblock
 
-// With FIELDS (region `fields`: the planar types, on lanes that hold runs of
-// consecutive chunks, or Q8_0's strided chunks on at most four lanes per row), a single
-// token's lane reads the small fields (scales, fifth bits) of all its slots once per
-// row, from the texels that hold them (`run_fields`, common/bytes.wgsl's `run_words`),
-// where each chunk's dot fetched a texel per field. A slot past the row reads fields
-// past the lane's: its dot is dropped by a select, not a multiply by 0.
-override FIELDS: bool = false;
+// With `fields` (the planar types, on lanes that hold runs of consecutive chunks, or
+// Q8_0's strided chunks on at most four lanes per row), a single token's lane reads the
+// small fields (scales, fifth bits) of all its slots once per row, from the texels
+// that hold them (`run_fields`, common/bytes.wgsl's `run_words`), where each chunk's
+// dot fetched a texel per field. A slot past the row reads fields past the lane's: its
+// dot is dropped by a select, not a multiply by 0.
 
 // @begin fields
 fn run_dot(rb: u32, s: Slot, k: u32, f: RunFields) -> f32 {
@@ -151,37 +156,36 @@ fn row_dot(
     s6: Slot, // @slot 6
     s7: Slot, // @slot 7
 ) -> f32 {
+    // One of the four walks below is kept per build (`ops::mul_mat::build`'s `RowDot`):
+    // each returns the row's sum.
     // @begin kblock
-    if (KBLOCK) {
-        let blk = k_block(rb, s0.c);
-        var u = pair_dot_blk(rb, s0, s1, blk); // @slot 1
-        u += pair_dot_blk(rb, s2, s3, blk); // @slot 3
-        u += pair_dot_blk(rb, s4, s5, blk); // @slot 5
-        u += pair_dot_blk(rb, s6, s7, blk); // @slot 7
-        return u; // @slot 1
-    }
+    let blk = k_block(rb, s0.c);
+    var u = pair_dot_blk(rb, s0, s1, blk); // @slot 1
+    u += pair_dot_blk(rb, s2, s3, blk); // @slot 3
+    u += pair_dot_blk(rb, s4, s5, blk); // @slot 5
+    u += pair_dot_blk(rb, s6, s7, blk); // @slot 7
+    return u;
     // @end kblock
-    if (PAIRS) {
-        var w = pair_dot(rb, s0, s1); // @slot 1
-        w += pair_dot(rb, s2, s3); // @slot 3
-        w += pair_dot(rb, s4, s5); // @slot 5
-        w += pair_dot(rb, s6, s7); // @slot 7
-        return w; // @slot 1
-    }
+    // @begin pairs
+    var w = pair_dot(rb, s0, s1); // @slot 1
+    w += pair_dot(rb, s2, s3); // @slot 3
+    w += pair_dot(rb, s4, s5); // @slot 5
+    w += pair_dot(rb, s6, s7); // @slot 7
+    return w;
+    // @end pairs
     // @begin fields
-    if (FIELDS) {
-        let f = run_fields(rb, s0.c, SLOTS, row_lanes());
-        var u = run_dot(rb, s0, 0u, f);
-        u += run_dot(rb, s1, 1u, f); // @slot 1
-        u += run_dot(rb, s2, 2u, f); // @slot 2
-        u += run_dot(rb, s3, 3u, f); // @slot 3
-        u += run_dot(rb, s4, 4u, f); // @slot 4
-        u += run_dot(rb, s5, 5u, f); // @slot 5
-        u += run_dot(rb, s6, 6u, f); // @slot 6
-        u += run_dot(rb, s7, 7u, f); // @slot 7
-        return u;
-    }
+    let f = run_fields(rb, s0.c, SLOTS, row_lanes());
+    var r = run_dot(rb, s0, 0u, f);
+    r += run_dot(rb, s1, 1u, f); // @slot 1
+    r += run_dot(rb, s2, 2u, f); // @slot 2
+    r += run_dot(rb, s3, 3u, f); // @slot 3
+    r += run_dot(rb, s4, 4u, f); // @slot 4
+    r += run_dot(rb, s5, 5u, f); // @slot 5
+    r += run_dot(rb, s6, 6u, f); // @slot 6
+    r += run_dot(rb, s7, 7u, f); // @slot 7
+    return r;
     // @end fields
+    // @begin plain
     var v = slot_dot(rb, s0);
     v += slot_dot(rb, s1); // @slot 1
     v += slot_dot(rb, s2); // @slot 2
@@ -191,8 +195,10 @@ fn row_dot(
     v += slot_dot(rb, s6); // @slot 6
     v += slot_dot(rb, s7); // @slot 7
     return v;
+    // @end plain
 }
 
+// @begin tile
 fn row_dot4(
     rb: u32,
     s0: Slot4,
@@ -214,6 +220,8 @@ fn row_dot4(
     v += slot4_dot(rb, s7); // @slot 7
     return v;
 }
+
+// @end tile
 
 // The GLU store (`p.glu`, a fused gate/up product of single tokens): the workgroups
 // walk the rows in blocks of WG, a block of gate's rows then the same rows of up, so
@@ -317,6 +325,7 @@ fn main(
     let n_out = w.n_out;
     let out0 = p.row0 + r0;
     var t = w.t0;
+    // @begin tile
     for (; TILE && t + 4u <= n_out; t += 4u) {
         let inv = vec4<f32>(
             norm_inv(first, t, l, n_chunks),
@@ -357,10 +366,12 @@ fn main(
             }
         }
     }
+    // @end tile
     // Single tokens; in a batch, the one to three its whole tiles leave (every token
     // without TAILS). The tile build runs the tiles in a dispatch of its own and leaves
     // this loop out: with it, the build took lavapipe 1.3-2x as long to create
     // (docs/perf.md).
+    // @begin token
     let span = select(0u, n_out - t, n_out > t);
     // @begin split
     var block = 0u;
@@ -422,6 +433,7 @@ fn main(
             }
         }
     }
+    // @end token
     // @begin rope
     // The `mul_mat_ks1nr` build (common/ks1_rope.wgsl): a single token's RoPE and cache
     // append, in a loop of zero or one trips (a CPU-hosted driver skips a loop no lane

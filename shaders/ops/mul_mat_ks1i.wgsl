@@ -113,13 +113,13 @@ fn add4(u: Pair4, v: Pair4) -> Pair4 {
 // `pair4_dot(w, s)`, the unpacked chunk `w` of rows A and B (`pair_chunk`) dotted with
 // four tokens' slot s, is the type's (common/quant/pairs.wgsl).
 
-// With CHUNK_PAIRS (region `chunk_pairs`: types whose neighbouring chunks share their
-// bytes, Q4_K's and Q5_K's low and high nibbles of the same 32 bytes, and the block's
-// header, Q5_K's fifth bits, Q6_K's high bits and scales, on an even count of slots a
-// lane, whose runs then start at even chunks), slots a and a + 1 hold chunks 2 c2 and
-// 2 c2 + 1 of a row, unpacked together from one load of what they share
-// (`pair_chunks`, common/quant/*_pairs.wgsl).
-override CHUNK_PAIRS: bool = false;
+// A row's chunks are unpacked one at a time (region `chunks`), or in pairs (region
+// `chunk_pairs`; the host keeps one of the two, `ops::mul_mat::build`): types whose
+// neighbouring chunks share their bytes, Q4_K's and Q5_K's low and high nibbles of the
+// same 32 bytes, and the block's header, Q5_K's fifth bits, Q6_K's high bits and
+// scales, on an even count of slots a lane, whose runs then start at even chunks, hold
+// chunks 2 c2 and 2 c2 + 1 of a row in slots a and a + 1, unpacked together from one
+// load of what they share (`pair_chunks`, common/quant/*_pairs.wgsl).
 
 // @begin tile4
 // Rows `rb_a` and `rb_b`'s chunk in slot s, unpacked once, dotted with the four tokens'.
@@ -150,14 +150,13 @@ fn rows_dot4(
     s7: QSlot4, // @slot 7
 ) -> Pair4 {
     // @begin chunk_pairs
-    if (CHUNK_PAIRS) {
-        var w = qslots4_dot(rb_a, rb_b, s0, s1); // @slot 1
-        w = add4(w, qslots4_dot(rb_a, rb_b, s2, s3)); // @slot 3
-        w = add4(w, qslots4_dot(rb_a, rb_b, s4, s5)); // @slot 5
-        w = add4(w, qslots4_dot(rb_a, rb_b, s6, s7)); // @slot 7
-        return w; // @slot 1
-    }
+    var w = qslots4_dot(rb_a, rb_b, s0, s1); // @slot 1
+    w = add4(w, qslots4_dot(rb_a, rb_b, s2, s3)); // @slot 3
+    w = add4(w, qslots4_dot(rb_a, rb_b, s4, s5)); // @slot 5
+    w = add4(w, qslots4_dot(rb_a, rb_b, s6, s7)); // @slot 7
+    return w;
     // @end chunk_pairs
+    // @begin chunks
     var v = qslot4_dot(rb_a, rb_b, s0);
     v = add4(v, qslot4_dot(rb_a, rb_b, s1)); // @slot 1
     v = add4(v, qslot4_dot(rb_a, rb_b, s2)); // @slot 2
@@ -167,6 +166,7 @@ fn rows_dot4(
     v = add4(v, qslot4_dot(rb_a, rb_b, s6)); // @slot 6
     v = add4(v, qslot4_dot(rb_a, rb_b, s7)); // @slot 7
     return v;
+    // @end chunks
 }
 // @end tile4
 
@@ -222,14 +222,13 @@ fn rows_dot8(
     u7: QSlot4, // @slot 7
 ) -> Pair8 {
     // @begin chunk_pairs
-    if (CHUNK_PAIRS) {
-        var w = qslots8_dot(rb_a, rb_b, s0, s1, u0, u1); // @slot 1
-        w = add8(w, qslots8_dot(rb_a, rb_b, s2, s3, u2, u3)); // @slot 3
-        w = add8(w, qslots8_dot(rb_a, rb_b, s4, s5, u4, u5)); // @slot 5
-        w = add8(w, qslots8_dot(rb_a, rb_b, s6, s7, u6, u7)); // @slot 7
-        return w; // @slot 1
-    }
+    var w = qslots8_dot(rb_a, rb_b, s0, s1, u0, u1); // @slot 1
+    w = add8(w, qslots8_dot(rb_a, rb_b, s2, s3, u2, u3)); // @slot 3
+    w = add8(w, qslots8_dot(rb_a, rb_b, s4, s5, u4, u5)); // @slot 5
+    w = add8(w, qslots8_dot(rb_a, rb_b, s6, s7, u6, u7)); // @slot 7
+    return w;
     // @end chunk_pairs
+    // @begin chunks
     var v = qslot8_dot(rb_a, rb_b, s0, u0);
     v = add8(v, qslot8_dot(rb_a, rb_b, s1, u1)); // @slot 1
     v = add8(v, qslot8_dot(rb_a, rb_b, s2, u2)); // @slot 2
@@ -239,6 +238,7 @@ fn rows_dot8(
     v = add8(v, qslot8_dot(rb_a, rb_b, s6, u6)); // @slot 6
     v = add8(v, qslot8_dot(rb_a, rb_b, s7, u7)); // @slot 7
     return v;
+    // @end chunks
 }
 // @end tile8
 

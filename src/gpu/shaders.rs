@@ -455,7 +455,7 @@ pub fn pair_decoder(ty: GgmlType) -> Option<&'static [&'static str]> {
 }
 
 /// Whether `ty`'s pair decoder ([`pair_decoder`]) unpacks two neighbouring chunks
-/// together (`pair_chunks`, for `mul_mat_ks1i`'s `CHUNK_PAIRS`): the K-quants, whose two
+/// together (`pair_chunks`, for `mul_mat_ks1i`'s region `chunk_pairs`): the K-quants, whose two
 /// chunks share bytes (Q4_K's and Q5_K's low and high nibbles of the same 32, Q6_K's
 /// high bits and scales).
 pub fn has_chunk_pairs(ty: GgmlType) -> bool {
@@ -463,14 +463,14 @@ pub fn has_chunk_pairs(ty: GgmlType) -> bool {
 }
 
 /// Whether `ty`'s decoder reads a lane's chunks' small fields once per row
-/// (`run_fields` and `wdot32_run`, for `mul_mat_ks1`'s `FIELDS`): the planar types
+/// (`run_fields` and `wdot32_run`, for `mul_mat_ks1`'s walk `fields`): the planar types
 /// (Q4_0, Q4_1, Q5_0, Q5_1 on runs of chunks, Q8_0 on strided ones).
 pub fn has_run_fields(ty: GgmlType) -> bool {
     decoder(ty).is_some_and(|d| d.iter().any(|part| part.contains("fn wdot32_run(")))
 }
 
 /// Whether `ty`'s decoder reads what a lane's chunk pairs share in a block once per row
-/// (`k_block` and `wdot64_blk`, for `mul_mat_ks1`'s `KBLOCK`): the K-quants that
+/// (`k_block` and `wdot64_blk`, for `mul_mat_ks1`'s walk `kblock`): the K-quants that
 /// `mul_mat_ks1` dots in pairs (Q4_K, Q5_K, Q6_K).
 pub fn has_k_block(ty: GgmlType) -> bool {
     decoder(ty).is_some_and(|d| d.iter().any(|part| part.contains("fn wdot64_blk(")))
@@ -674,71 +674,111 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
             ];
             for (label, src) in forms {
                 let Ok(src) = src else { continue };
-                // The region `fields` is kept for the types that read their small fields
-                // once per row, and built without it too.
-                let fields = keep_regions(&src, "fields", true);
-                let src = keep_regions(&src, "fields", false);
-                // So is `kblock`, for the types that read their pairs' block once.
-                let kblock = keep_regions(&src, "kblock", true);
-                let src = keep_regions(&src, "kblock", false);
-                let fields = keep_regions(&fields, "kblock", false);
                 // Only `mul_mat_ks1nr` keeps the RoPE at its end, with and without the
                 // kept textures.
                 let src = keep_regions(&src, "rope", is_rope_build(name));
                 if is_rope_build(name) {
-                    out.push((format!("{label}_kvtex"), src.clone()));
+                    out.push((format!("{label}_kvtex"), row_walk(&src, "plain")));
                 }
                 let src = keep_regions(&src, "tex", false);
-                let fields = keep_regions(&keep_regions(&fields, "rope", false), "tex", false);
-                let kblock = keep_regions(&keep_regions(&kblock, "rope", false), "tex", false);
-                // And `chunk_pairs`, for the types whose pair decoder unpacks two chunks
-                // together (`mul_mat_ks1i` on an even count of slots).
-                let pairs = keep_regions(&src, "chunk_pairs", true);
+                // `chunk_pairs` is kept for the types whose pair decoder unpacks two
+                // chunks together (`mul_mat_ks1i` on an even count of slots).
+                let chunk_paired =
+                    keep_regions(&keep_regions(&src, "chunks", false), "chunk_pairs", true);
                 let src = keep_regions(&src, "chunk_pairs", false);
-                let fields = keep_regions(&fields, "chunk_pairs", false);
-                let kblock = keep_regions(&kblock, "chunk_pairs", false);
-                // `mul_mat_ks1` as it is built for each count of slots.
                 if name.starts_with("mul_mat_ks1") {
-                    for slots in 1..=8 {
-                        if has_k_block(ty) && 8 % slots == 0 {
-                            let kept = keep_slots(&kblock, slots);
-                            out.push((format!("{label}_slots{slots}_kblock"), kept));
-                        }
-                        if has_run_fields(ty) {
-                            let kept = keep_slots(&fields, slots);
-                            out.push((format!("{label}_slots{slots}_fields"), kept));
-                        }
-                        let kept = keep_slots(&src, slots);
-                        // `mul_mat_ks1i`'s tiles of four and of eight, each alone, and
-                        // with chunk pairs.
-                        if name.starts_with("mul_mat_ks1i") {
-                            let paired = keep_slots(&pairs, slots);
-                            let chunk_pairs = has_chunk_pairs(ty) && slots % 2 == 0;
-                            for (tile, other) in [("tile4", "tile8"), ("tile8", "tile4")] {
-                                let one = keep_regions(&kept, other, false);
-                                out.push((format!("{label}_slots{slots}_{tile}"), one));
-                                if chunk_pairs {
-                                    let one = keep_regions(&paired, other, false);
-                                    out.push((format!("{label}_slots{slots}_{tile}_pairs"), one));
-                                }
-                            }
-                        }
-                        out.push((format!("{label}_slots{slots}"), kept));
-                    }
-                    if has_run_fields(ty) {
-                        out.push((format!("{label}_fields"), fields));
-                    }
-                    // The region `split` (rows over several subgroups) is kept above,
-                    // and left out as the builds of rows one subgroup holds leave it.
-                    let unsplit = keep_regions(&src, "split", false);
-                    out.push((format!("{label}_unsplit"), unsplit));
-                    // So is `sliced` (single tokens of such rows walked in slices).
-                    let unsliced = keep_regions(&src, "sliced", false);
-                    out.push((format!("{label}_unsliced"), unsliced));
+                    out.extend(ks1_builds(name, &label, ty, &src, &chunk_paired));
                 }
-                out.push((label, src));
+                out.push((label, row_walk(&src, "plain")));
             }
         }
     }
+    out
+}
+
+/// `src` with one of `mul_mat_ks1`'s walks of a row (its regions `kblock`, `pairs`,
+/// `fields` and `plain`, `ops::mul_mat::build::RowDot`) kept and the others left out;
+/// the decoders' `kblock` and `fields` regions go with their walks.
+fn row_walk(src: &str, keep: &str) -> String {
+    ["kblock", "pairs", "fields", "plain"]
+        .iter()
+        .fold(src.to_string(), |src, walk| {
+            keep_regions(&src, walk, *walk == keep)
+        })
+}
+
+/// `mul_mat_ks1` (`name`, one of its builds) of `ty` as it is built for each count of
+/// slots: each walk of a row on the counts it runs on, the tiles and the single tokens
+/// apart (regions `tile` and `token`), rows split or sliced or not, and `mul_mat_ks1i`'s
+/// tiles of four and of eight (`chunk_paired` keeps its region `chunk_pairs`).
+fn ks1_builds(
+    name: &str,
+    label: &str,
+    ty: GgmlType,
+    src: &str,
+    chunk_paired: &str,
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let plain = row_walk(src, "plain");
+    let (pairs, kblock, fields) = (
+        row_walk(src, "pairs"),
+        row_walk(src, "kblock"),
+        row_walk(src, "fields"),
+    );
+    for slots in 1..=8 {
+        // Chunk pairs on even counts of slots, their blocks' parts once per row where a
+        // lane's run lies in one block.
+        if has_k_block(ty) && slots % 2 == 0 {
+            out.push((
+                format!("{label}_slots{slots}_pairs"),
+                keep_slots(&pairs, slots),
+            ));
+            if 8 % slots == 0 {
+                out.push((
+                    format!("{label}_slots{slots}_kblock"),
+                    keep_slots(&kblock, slots),
+                ));
+            }
+        }
+        if has_run_fields(ty) {
+            out.push((
+                format!("{label}_slots{slots}_fields"),
+                keep_slots(&fields, slots),
+            ));
+        }
+        let kept = keep_slots(&plain, slots);
+        if name.starts_with("mul_mat_ks1i") {
+            let paired = keep_slots(&row_walk(chunk_paired, "plain"), slots);
+            let chunk_pairs = has_chunk_pairs(ty) && slots % 2 == 0;
+            for (tile, other) in [("tile4", "tile8"), ("tile8", "tile4")] {
+                let one = keep_regions(&kept, other, false);
+                out.push((format!("{label}_slots{slots}_{tile}"), one));
+                if chunk_pairs {
+                    let one = keep_regions(&paired, other, false);
+                    out.push((format!("{label}_slots{slots}_{tile}_pairs"), one));
+                }
+            }
+        } else {
+            let tile = keep_regions(&kept, "token", false);
+            out.push((format!("{label}_slots{slots}_tile"), tile));
+            let token = keep_regions(&kept, "tile", false);
+            out.push((format!("{label}_slots{slots}_token"), token));
+        }
+        out.push((format!("{label}_slots{slots}"), kept));
+    }
+    if has_run_fields(ty) {
+        out.push((format!("{label}_fields"), fields));
+    }
+    // The region `split` (rows over several subgroups) is kept above, and left out as
+    // the builds of rows one subgroup holds leave it; so is `sliced` (single tokens of
+    // such rows walked in slices).
+    out.push((
+        format!("{label}_unsplit"),
+        keep_regions(&plain, "split", false),
+    ));
+    out.push((
+        format!("{label}_unsliced"),
+        keep_regions(&plain, "sliced", false),
+    ));
     out
 }

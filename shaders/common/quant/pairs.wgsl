@@ -13,7 +13,7 @@
 // row, the type's own file otherwise.
 
 // Chunks c and c + 1 (c even) of two rows, for the types whose neighbouring chunks share
-// their bytes (`pair_chunks`, `CHUNK_PAIRS` in ops/mul_mat_ks1i.wgsl).
+// their bytes (`pair_chunks`, region `chunk_pairs` in ops/mul_mat_ks1i.wgsl).
 struct PairChunks {
     lo: PairChunk,
     hi: PairChunk,

@@ -28,7 +28,7 @@ fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
     return s * dm.x + xs * dm.y;
 }
 
-// A lane's run of chunks from c0 (`FIELDS` in ops/mul_mat_ks1.wgsl): their (d, m)
+// A lane's run of chunks from c0 (the walk `fields` in ops/mul_mat_ks1.wgsl): their (d, m)
 // words, read once per row (`run_words`).
 struct RunFields {
     dm: array<u32, 8>,

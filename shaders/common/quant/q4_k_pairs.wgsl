@@ -31,7 +31,7 @@ fn pair_chunk(rb_a: u32, rb_b: u32, c: u32) -> PairChunk {
 }
 
 // Chunks c and c + 1 (c even) of both rows: the low and high nibbles of the same 32
-// bytes, loaded once, with one load of each block's header (`CHUNK_PAIRS` in
+// bytes, loaded once, with one load of each block's header (region `chunk_pairs` in
 // ops/mul_mat_ks1i.wgsl).
 fn pair_chunks(rb_a: u32, rb_b: u32, c: u32) -> PairChunks {
     let ba = q4k_block(rb_a, c);

@@ -34,7 +34,7 @@ fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
     return (s - 16.0 * xs) * q5_0_d(row_byte, c);
 }
 
-// A lane's run of chunks from c0 (`FIELDS` in ops/mul_mat_ks1.wgsl): their qh and d
+// A lane's run of chunks from c0 (the walk `fields` in ops/mul_mat_ks1.wgsl): their qh and d
 // words, read once per row (`run_words`), and the byte of the run's first d.
 struct RunFields {
     qh: array<u32, 8>,

@@ -55,7 +55,7 @@ fn wdot32_pre(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>, xs: f32) -> f32 {
 // Chunks 2 c2 and 2 c2 + 1 share their 32 bytes of nibbles and the fifth-bit words:
 // one load of them, the header and the scales serves both (`wdot64_blk`, and
 // `wdot64_pre` in dot64_block.wgsl). A lane whose run of chunk pairs lies in one block
-// reads the block's part once per row (`KBLOCK` in ops/mul_mat_ks1.wgsl): the header
+// reads the block's part once per row (the walk `kblock` in ops/mul_mat_ks1.wgsl): the header
 // texel (d, dmin, scales) and the fifth bits' 32 bytes, which all its chunks share.
 struct KBlock {
     h: vec4<u32>,

@@ -98,7 +98,7 @@ fn q6k_centre(a: vec2<f32>, xp: array<vec4<f32>, 8>, xs: f32) -> vec2<f32> {
 // Chunks s and s + 1 (s even) share their high bits' words, their scales' word and d:
 // loaded once, the pair takes 6 vec4 loads and 2 words instead of 8 and 4
 // (`wdot64_blk`, and `wdot64_pre` in dot64_block.wgsl). A lane whose run of chunk
-// pairs lies in one block reads the block's part once per row (`KBLOCK` in
+// pairs lies in one block reads the block's part once per row (the walk `kblock` in
 // ops/mul_mat_ks1.wgsl): the texel of the block's sixteen scales, and d.
 struct KBlock {
     sc: vec4<u32>,

@@ -36,7 +36,7 @@ fn pair_chunk(rb_a: u32, rb_b: u32, c: u32) -> PairChunk {
 }
 
 // Chunks c and c + 1 (c even) of both rows: their qh bytes, their scales' word and the
-// block's d are the same, each loaded once (`CHUNK_PAIRS` in ops/mul_mat_ks1i.wgsl).
+// block's d are the same, each loaded once (region `chunk_pairs` in ops/mul_mat_ks1i.wgsl).
 fn pair_chunks(rb_a: u32, rb_b: u32, c: u32) -> PairChunks {
     let s = c & 7u;
     let n = s >> 2u;

@@ -40,7 +40,7 @@ fn q8_0_sum(row_byte: u32, c: u32, xp: array<vec4<f32>, 8>) -> f32 {
     return s;
 }
 
-// A lane's slots' d (`FIELDS` in ops/mul_mat_ks1.wgsl), each in the low half of its
+// A lane's slots' d (the walk `fields` in ops/mul_mat_ks1.wgsl), each in the low half of its
 // word. Q8_0's lanes hold strided chunks (c0, c0 + lanes, ..: `RUNS` off), so all of
 // a row's lanes read the same texels of its d plane, as many as the row's slots span
 // (`slots` x `lanes` chunks of 2 bytes, at most three texels), where each chunk's dot

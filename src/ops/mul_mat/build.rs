@@ -93,7 +93,7 @@ impl Ks1 {
 }
 
 /// Whether a single-token `mul_mat_ks1` build of `ty` dots its slots in chunk pairs
-/// (`PAIRS`): the types `mul_mat_ks` walks in pairs too ([`ks_paired`], the K-quants,
+/// (region `pairs`): the types `mul_mat_ks` walks in pairs too ([`ks_paired`], the K-quants,
 /// whose neighbouring chunks share bytes), on an even count of slots per lane (each
 /// lane's run then starts at an even chunk).
 fn ks1_pairs(ty: GgmlType, k: Ks1) -> bool {
@@ -101,7 +101,7 @@ fn ks1_pairs(ty: GgmlType, k: Ks1) -> bool {
 }
 
 /// Whether a single-token `mul_mat_ks1` build of `ty` in pairs reads what a lane's
-/// pairs share in their block once per row (`KBLOCK`, region `kblock`): where each
+/// pairs share in their block once per row (region `kblock`): where each
 /// lane's run of chunks lies in one block of eight (2, 4 or 8 slots; runs start at a
 /// multiple of the slots), on devices that read fields so ([`GpuContext::field_runs`]).
 /// Measured on lavapipe with `--versus field-runs=off` on a synthetic 8B Q4_K_M model,
@@ -110,8 +110,51 @@ fn ks1_kblock(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> bool {
     ctx.field_runs && ks1_pairs(ty, k) && 8 % k.slots == 0
 }
 
+/// Which walk of a row a single-token `mul_mat_ks1` build dots its slots with
+/// (`row_dot`): each is a region of the source, and a build keeps its own alone, so
+/// that lavapipe does not translate and optimise the others before dropping them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum RowDot {
+    /// Chunk pairs, their block's shared part read once per row ([`ks1_kblock`]).
+    KBlock,
+    /// Chunk pairs ([`ks1_pairs`]).
+    Pairs,
+    /// One chunk at a time, the lane's small fields read once per row ([`ks1_fields`]).
+    Fields,
+    /// One chunk at a time.
+    Plain,
+}
+
+impl RowDot {
+    pub(super) const ALL: [RowDot; 4] = [Self::KBlock, Self::Pairs, Self::Fields, Self::Plain];
+
+    /// The walk of a build of `ty` in shape `k` (tile builds keep `Plain`, unused).
+    pub(super) fn of(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> RowDot {
+        if ks1_kblock(ctx, ty, k) {
+            Self::KBlock
+        } else if ks1_pairs(ty, k) {
+            Self::Pairs
+        } else if ks1_fields(ctx, ty, k) {
+            Self::Fields
+        } else {
+            Self::Plain
+        }
+    }
+
+    /// Its region's name in ops/mul_mat_ks1.wgsl (and in the decoders, for `kblock` and
+    /// `fields`).
+    pub(super) fn region(self) -> &'static str {
+        match self {
+            Self::KBlock => "kblock",
+            Self::Pairs => "pairs",
+            Self::Fields => "fields",
+            Self::Plain => "plain",
+        }
+    }
+}
+
 /// Whether a single-token `mul_mat_ks1` build of `ty` reads each lane's small fields
-/// once per row (`FIELDS`, region `fields`): types whose decoder can
+/// once per row (region `fields`): types whose decoder can
 /// ([`crate::gpu::shaders::has_run_fields`]), where the device reads fields so
 /// ([`GpuContext::field_runs`]). On lanes that hold runs of chunks ([`ks_runs`]) a
 /// lane's fields lie together; Q8_0's strided lanes read the texels their row's slots
@@ -125,7 +168,7 @@ fn ks1_fields(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> bool {
 }
 
 /// Whether a `mul_mat_ks1i` build of `ty` unpacks a lane's neighbouring chunks together
-/// (`CHUNK_PAIRS`, region `chunk_pairs`): types whose two chunks share their bytes
+/// (region `chunk_pairs`): types whose two chunks share their bytes
 /// ([`crate::gpu::shaders::has_chunk_pairs`], the K-quants), on an even count of slots a lane
 /// whose runs start at even chunks. Measured on lavapipe: see docs/perf.md.
 fn ks1i_chunk_pairs(ty: GgmlType, k: Ks1) -> bool {
@@ -157,8 +200,7 @@ pub(super) fn kernel_pipeline(
     let fused = ctx.fused_outputs();
     let form = Form::new(!fused, memory);
     let normed = ks1.is_some_and(|k| k.normed);
-    let fields = ks1.is_some_and(|k| ks1_fields(ctx, ty, k));
-    let kblock = ks1.is_some_and(|k| ks1_kblock(ctx, ty, k));
+    let walk = ks1.map_or(RowDot::Plain, |k| RowDot::of(ctx, ty, k));
     let int = ks1.is_some_and(|k| k.tile > 1 && v == Variant::Ks && ks1_int(ty));
     let chunk_pairs = int && ks1.is_some_and(|k| ks1i_chunk_pairs(ty, k));
     let rope = ks1.and_then(|k| k.rope);
@@ -190,7 +232,14 @@ pub(super) fn kernel_pipeline(
         Some(r) if r.tex => "_kvtex",
         _ => "",
     };
-    let label = format!("{shader}_{ty}{}{tex}", form.suffix());
+    // The walk (and `mul_mat_ks1i`'s chunk pairs) is in the source, not a constant:
+    // the label tells the builds apart.
+    let walk_label = match walk {
+        RowDot::Plain if chunk_pairs => "_chunk_pairs".to_string(),
+        RowDot::Plain => String::new(),
+        w => format!("_{}", w.region()),
+    };
+    let label = format!("{shader}_{ty}{walk_label}{}{tex}", form.suffix());
     // Whether a product replaces its output or is added to it is a parameter
     // (`Params::acc`), not a constant: one pipeline serves both.
     let consts: Vec<(&str, f64)> = match (v, ks1) {
@@ -208,21 +257,9 @@ pub(super) fn kernel_pipeline(
                 c.push(("TILE", (k.tile > 1) as u8 as f64));
             } else {
                 c.push(("TILE", k.tile as f64));
-                if chunk_pairs {
-                    c.push(("CHUNK_PAIRS", 1.0));
-                }
             }
             if let Some(r) = rope {
                 c.push(("HEAD_NORMS", r.head_norms as u8 as f64));
-            }
-            if ks1_pairs(ty, k) {
-                c.push(("PAIRS", 1.0));
-            }
-            if fields {
-                c.push(("FIELDS", 1.0));
-            }
-            if kblock {
-                c.push(("KBLOCK", 1.0));
             }
             if split > 1 {
                 c.push(("SPLIT", split as f64));
@@ -286,9 +323,16 @@ pub(super) fn kernel_pipeline(
                 let src = crate::gpu::shaders::keep_regions(&src, "rope", rope.is_some());
                 let src =
                     crate::gpu::shaders::keep_regions(&src, "tex", rope.is_some_and(|r| r.tex));
-                let src = crate::gpu::shaders::keep_regions(&src, "fields", fields);
-                let src = crate::gpu::shaders::keep_regions(&src, "kblock", kblock);
+                let src = RowDot::ALL.iter().fold(src, |src, w| {
+                    crate::gpu::shaders::keep_regions(&src, w.region(), *w == walk)
+                });
+                // A tile build's source leaves out the single-token loop, and a
+                // single-token build's the tiles (the batch builds of `mul_mat_ks1i`
+                // have neither region).
+                let src = crate::gpu::shaders::keep_regions(&src, "tile", k.tile > 1);
+                let src = crate::gpu::shaders::keep_regions(&src, "token", k.tile == 1);
                 let src = crate::gpu::shaders::keep_regions(&src, "chunk_pairs", chunk_pairs);
+                let src = crate::gpu::shaders::keep_regions(&src, "chunks", !chunk_pairs);
                 let src = crate::gpu::shaders::keep_regions(&src, "split", k.subgroups() > 1);
                 let src = crate::gpu::shaders::keep_regions(&src, "sliced", k.sliced);
                 let src = crate::gpu::shaders::keep_slots(&src, k.slots);

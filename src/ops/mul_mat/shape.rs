@@ -447,7 +447,7 @@ pub(super) fn ks_paired(ty: GgmlType) -> bool {
 /// Measured on lavapipe, batch 1 (docs/perf.md): 1.4-2x on long stacks of three-chunk
 /// rows, 1.3-1.6x on 1536 columns with six; Q4_K and Q5_K, one chunk per slot though
 /// neighbouring chunks share words, 1.15-1.7x at 512-1536 columns, and 1.24-1.53x more
-/// where a lane's chunks go in pairs (`PAIRS`). Q6_K, whose chunk alone takes six loads
+/// where a lane's chunks go in pairs (the walk `pairs`). Q6_K, whose chunk alone takes six loads
 /// (four in a pair), gained nothing there one chunk at a time; in pairs it runs single
 /// tokens 1.17-1.25x and batches of 16 and 64 (the float tiles) 1.1-1.35x faster than
 /// in `ks`.
@@ -528,7 +528,7 @@ pub(super) fn ks1_tiles_run(ctx: &GpuContext, v: Variant, ty: GgmlType, n_cols: 
 /// `mul_mat_ks1`'s float tiles: the types whose chunks the packing holds
 /// (common/quant/pairs.wgsl). Measured on lavapipe (docs/perf.md). The K-quants run
 /// there too, a lane's neighbouring chunks unpacked together where it holds an even
-/// count (`CHUNK_PAIRS`): Q4_K and Q5_K, whose chunk is a sub-block with its own scale
+/// count (region `chunk_pairs`): Q4_K and Q5_K, whose chunk is a sub-block with its own scale
 /// and min, 1.2-1.4x and 1.15-1.35x their float tiles at 2048 and 8192 columns (a
 /// synthetic 1B Q4_K_M model's prompts 1.3x); Q6_K, whose chunk is two sub-blocks with
 /// a scale each, 1.05-1.3x in pairs (one chunk at a time it ran 0.95x in tiles of four
