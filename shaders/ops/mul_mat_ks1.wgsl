@@ -325,6 +325,9 @@ fn main(
     let n_out = w.n_out;
     let out0 = p.row0 + r0;
     var t = w.t0;
+    // The tile build keeps the tiles (region `tile`) and the single-token build the
+    // loop after them (region `token`), each without the other's: lavapipe translates
+    // and optimises a loop its constants leave dead before dropping it (docs/perf.md).
     // @begin tile
     for (; TILE && t + 4u <= n_out; t += 4u) {
         let inv = vec4<f32>(
@@ -368,9 +371,7 @@ fn main(
     }
     // @end tile
     // Single tokens; in a batch, the one to three its whole tiles leave (every token
-    // without TAILS). The tile build runs the tiles in a dispatch of its own and leaves
-    // this loop out: with it, the build took lavapipe 1.3-2x as long to create
-    // (docs/perf.md).
+    // without TAILS). The tile build runs the tiles in a dispatch of its own.
     // @begin token
     let span = select(0u, n_out - t, n_out > t);
     // @begin split

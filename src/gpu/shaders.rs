@@ -198,7 +198,7 @@ const OPS: &[(&str, &[&str], &str)] = &[
 const MUL_MAT_ROW: &str = wgsl!("ops/mul_mat_row.wgsl");
 const MUL_MAT_PARAMS: &str = wgsl!("common/mul_mat_params.wgsl");
 /// `store_out` with the outputs of fused products, and with the one output only (see
-/// [`quant_source_one_output`]).
+/// [`quant_source_as`] with a [`Form`] of one output).
 const MUL_MAT_STORE: &str = wgsl!("common/mul_mat_store.wgsl");
 const MUL_MAT_STORE1: &str = wgsl!("common/mul_mat_store1.wgsl");
 const MUL_MAT_WIN: &str = wgsl!("ops/mul_mat_win.wgsl");
