@@ -598,6 +598,46 @@ fn variants_small_block_types() {
     }
 }
 
+/// Which walk of a row single tokens take in `mul_mat_ks1` (each build keeps one, and
+/// every walk gives the same products, so the results above cannot tell): on 8-lane
+/// subgroups with fields read once per row, the K-quants on two, four or eight slots a
+/// lane read their block's shared part once (`kblock`), and in pairs without (`pairs`);
+/// the planar types on runs of chunks, and Q8_0 on rows of at most four lanes, read
+/// their fields once per row (`fields`); the rest one chunk at a time (`plain`).
+#[test]
+fn single_tokens_take_their_walks() {
+    for ctx in contexts() {
+        for field_runs in [false, true] {
+            let ctx = reopened(
+                ctx,
+                DeviceOptions {
+                    field_runs: Some(field_runs),
+                    ..Default::default()
+                },
+            );
+            let ks1 = ctx.fixed_subgroup() == Some(8) && Variant::Ks.available(&ctx);
+            // (type, columns, walk with fields read once per row, walk without).
+            let cases = [
+                (GgmlType::Q4_K, 2048, "kblock", "pairs"),
+                (GgmlType::Q4_K, 1024, "kblock", "pairs"),
+                (GgmlType::Q6_K, 2048, "kblock", "pairs"),
+                (GgmlType::Q5_K, 8192, "kblock", "pairs"),
+                (GgmlType::Q4_0, 2048, "fields", "plain"),
+                (GgmlType::Q5_0, 640, "fields", "plain"),
+                (GgmlType::Q8_0, 640, "fields", "plain"),
+                (GgmlType::Q8_0, 2048, "plain", "plain"),
+                (GgmlType::F16, 2048, "plain", "plain"),
+            ];
+            for (ty, cols, with, without) in cases {
+                let gw = upload(&ctx, ty, 8, cols, &weight(ty, 8, cols, 5));
+                let walk = mul_mat::single_token_walk(&ctx, Variant::Ks, &gw);
+                let want = ks1.then_some(if field_runs { with } else { without });
+                assert_eq!(walk, want, "{ty} {cols} columns, field runs {field_runs}");
+            }
+        }
+    }
+}
+
 /// Single tokens of the planar types whose `mul_mat_ks1` lanes read their small fields
 /// once per row (`DeviceOptions::field_runs`, on by default on CPU-hosted drivers),
 /// and each chunk's fields alone, on every adapter: every count of slots per lane (one

@@ -27,6 +27,31 @@ pub fn tokens_in_slices(ctx: &GpuContext, v: Variant, w: &GpuTensor) -> bool {
         && ks1_token_slices(ctx, w.ty, n_cols / 32).is_some()
 }
 
+/// The walk of a row (the region of `row_dot` in ops/mul_mat_ks1.wgsl that its build
+/// keeps: `kblock`, `pairs`, `fields` or `plain`) that single tokens of a plain product
+/// of `w` take, where variant `v` runs them in `mul_mat_ks1`; `None` where it does not.
+pub fn single_token_walk(ctx: &GpuContext, v: Variant, w: &GpuTensor) -> Option<&'static str> {
+    let (ty, n_cols) = (w.ty, w.n_cols());
+    let v = resolve(ctx, v, ty, n_cols, w.memory).ok()?;
+    let v = for_product(ctx, v, (w.n_rows(), n_cols), Columns::All);
+    if !matches!(v, Variant::Ks | Variant::KsU) || !ks1_fits(ctx, v, ty, n_cols) {
+        return None;
+    }
+    let (groups, slots, split) = ks1_token_shape(ctx, ty, n_cols / 32);
+    let k = Ks1 {
+        slots,
+        split,
+        sliced: ks1_token_slices(ctx, ty, n_cols / 32).is_some(),
+        groups,
+        normed: false,
+        tile: 1,
+        rope: None,
+        plain: true,
+        every_token: false,
+    };
+    Some(build::RowDot::of(ctx, ty, k).region())
+}
+
 /// The variant a batch of every token of a product of `w` runs as, where that is `Ks`
 /// (the only one whose batches run `mul_mat_ks1`'s tiles).
 fn batch_variant(ctx: &GpuContext, v: Variant, w: &GpuTensor, cols: Columns) -> Option<Variant> {
