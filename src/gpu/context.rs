@@ -81,10 +81,11 @@ pub struct DeviceOptions {
 }
 
 /// Single tokens below which chains do not repay their compilation, which runs beside
-/// the first tokens. On lavapipe (`wgllm run -n N`, alternated, docs/perf.md) SmolLM2
-/// with chains reads 28.3 t/s against 33.7 without at N = 32 and 36.8 against 35.8 at
-/// 64; Gemma 3 20.7 against 24.4 at 32, 21.5 against 22.0 at 64, 21.9 against 22.0 at
-/// 96 and 25.4 against 24.2 at 128.
+/// the first tokens. On lavapipe (`wgllm run -n N`, chains on and off alternated three
+/// times, docs/perf.md, "Builds without their dead code") SmolLM2 reads 33.4-35.1 t/s
+/// with chains against 28.3-36.2 without at N = 32 and 40.3-41.3 against 35.7-36.0 at
+/// 64; Gemma 3 22.0-22.9 against 24.2-25.0 at 32 and 24.4-26.2 against 24.7-25.3 at
+/// 64.
 pub const FEW_TOKENS: usize = 64;
 
 /// Environment variable holding every weight matrix in `buffer`s or `texture`s,
