@@ -598,6 +598,18 @@ fn variants_small_block_types() {
     }
 }
 
+/// `ctx` reopened with a lane's small fields read once per row (`field_runs`) or each
+/// chunk's alone.
+fn with_field_runs(ctx: &GpuContext, field_runs: bool) -> GpuContext {
+    reopened(
+        ctx,
+        DeviceOptions {
+            field_runs: Some(field_runs),
+            ..Default::default()
+        },
+    )
+}
+
 /// Which walk of a row single tokens take in `mul_mat_ks1` (each build keeps one, and
 /// every walk gives the same products, so the results above cannot tell): on 8-lane
 /// subgroups with fields read once per row, the K-quants on two, four or eight slots a
@@ -608,13 +620,7 @@ fn variants_small_block_types() {
 fn single_tokens_take_their_walks() {
     for ctx in contexts() {
         for field_runs in [false, true] {
-            let ctx = reopened(
-                ctx,
-                DeviceOptions {
-                    field_runs: Some(field_runs),
-                    ..Default::default()
-                },
-            );
+            let ctx = with_field_runs(ctx, field_runs);
             let ks1 = ctx.fixed_subgroup() == Some(8) && Variant::Ks.available(&ctx);
             // (type, columns, walk with fields read once per row, walk without).
             let cases = [
@@ -650,13 +656,7 @@ fn single_tokens_take_their_walks() {
 fn small_fields_in_runs_and_per_chunk() {
     for ctx in contexts() {
         for field_runs in [false, true] {
-            let ctx = reopened(
-                ctx,
-                DeviceOptions {
-                    field_runs: Some(field_runs),
-                    ..Default::default()
-                },
-            );
+            let ctx = with_field_runs(ctx, field_runs);
             assert_eq!(ctx.field_runs, field_runs);
             for ty in [
                 GgmlType::Q4_0,

@@ -696,15 +696,16 @@ fn quant_shaders(keep: impl Fn(&str) -> bool) -> Vec<(String, String)> {
     out
 }
 
+/// The regions of `mul_mat_ks1`'s walks of a row, one kept per build ([`row_walk`]).
+const ROW_WALKS: [&str; 4] = ["kblock", "pairs", "fields", "plain"];
+
 /// `src` with one of `mul_mat_ks1`'s walks of a row (its regions `kblock`, `pairs`,
 /// `fields` and `plain`, `ops::mul_mat::build::RowDot`) kept and the others left out;
 /// the decoders' `kblock` and `fields` regions go with their walks.
-fn row_walk(src: &str, keep: &str) -> String {
-    ["kblock", "pairs", "fields", "plain"]
-        .iter()
-        .fold(src.to_string(), |src, walk| {
-            keep_regions(&src, walk, *walk == keep)
-        })
+pub(crate) fn row_walk(src: &str, keep: &str) -> String {
+    ROW_WALKS.iter().fold(src.to_string(), |src, walk| {
+        keep_regions(&src, walk, *walk == keep)
+    })
 }
 
 /// `mul_mat_ks1` (`name`, one of its builds) of `ty` as it is built for each count of

@@ -90,6 +90,29 @@ impl Ks1 {
     pub(super) fn subgroups(self) -> u32 {
         self.split.max(1)
     }
+
+    /// The single-token build of a product of `ty` on rows of `n_cols`
+    /// ([`ks1_token_shape`], sliced where [`ks1_token_slices`] walks the rows so), the
+    /// norm folded in or not, `plain` and `every_token` as their fields say.
+    pub(super) fn token(
+        ctx: &GpuContext,
+        ty: GgmlType,
+        n_cols: u64,
+        (normed, plain, every_token): (bool, bool, bool),
+    ) -> Ks1 {
+        let (groups, slots, split) = ks1_token_shape(ctx, ty, n_cols / 32);
+        Ks1 {
+            slots,
+            split,
+            sliced: ks1_token_slices(ctx, ty, n_cols / 32).is_some(),
+            groups,
+            normed,
+            tile: 1,
+            rope: None,
+            plain,
+            every_token,
+        }
+    }
 }
 
 /// Whether a single-token `mul_mat_ks1` build of `ty` dots its slots in chunk pairs
@@ -126,8 +149,6 @@ pub(super) enum RowDot {
 }
 
 impl RowDot {
-    pub(super) const ALL: [RowDot; 4] = [Self::KBlock, Self::Pairs, Self::Fields, Self::Plain];
-
     /// The walk of a build of `ty` in shape `k` (tile builds keep `Plain`, unused).
     pub(super) fn of(ctx: &GpuContext, ty: GgmlType, k: Ks1) -> RowDot {
         if ks1_kblock(ctx, ty, k) {
@@ -323,9 +344,7 @@ pub(super) fn kernel_pipeline(
                 let src = crate::gpu::shaders::keep_regions(&src, "rope", rope.is_some());
                 let src =
                     crate::gpu::shaders::keep_regions(&src, "tex", rope.is_some_and(|r| r.tex));
-                let src = RowDot::ALL.iter().fold(src, |src, w| {
-                    crate::gpu::shaders::keep_regions(&src, w.region(), *w == walk)
-                });
+                let src = crate::gpu::shaders::row_walk(&src, walk.region());
                 // A tile build's source leaves out the single-token loop, and a
                 // single-token build's the tiles (the batch builds of `mul_mat_ks1i`
                 // have neither region).

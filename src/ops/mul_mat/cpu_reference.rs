@@ -37,18 +37,7 @@ pub fn single_token_walk(ctx: &GpuContext, v: Variant, w: &GpuTensor) -> Option<
     if !matches!(v, Variant::Ks | Variant::KsU) || !ks1_fits(ctx, v, ty, n_cols) {
         return None;
     }
-    let (groups, slots, split) = ks1_token_shape(ctx, ty, n_cols / 32);
-    let k = Ks1 {
-        slots,
-        split,
-        sliced: ks1_token_slices(ctx, ty, n_cols / 32).is_some(),
-        groups,
-        normed: false,
-        tile: 1,
-        rope: None,
-        plain: true,
-        every_token: false,
-    };
+    let k = Ks1::token(ctx, ty, n_cols, (false, true, false));
     Some(build::RowDot::of(ctx, ty, k).region())
 }
 

@@ -212,7 +212,6 @@ fn kernels_compiled(
             Kernel::new(whole, Steps::Many),
         ]);
     }
-    let (groups, slots, split) = ks1_token_shape(ctx, ty, n_cols / 32);
     let token_slices = ks1_token_slices(ctx, ty, n_cols / 32).map(|(_, slices)| slices);
     // Rows too long for one subgroup's slots: batches in slices of the columns, if any.
     let sliced = ks1_slices(ctx, v, ty, n_cols);
@@ -220,19 +219,9 @@ fn kernels_compiled(
     // tokens run the single-token build too, so that a short prompt compiles no other
     // build before its first token.
     let every_token = v == Variant::Ks && !ks1_tiles_run(ctx, v, ty, n_cols);
-    let one = Ks1 {
-        slots,
-        split,
-        sliced: token_slices.is_some(),
-        groups,
-        normed,
-        tile: 1,
-        rope: None,
-        plain,
-        every_token,
-    };
+    let one = Ks1::token(ctx, ty, n_cols, (normed, plain, every_token));
     let single = kernel_pipeline(ctx, ty, v, memory, (Build::Ks1(one), ones))?;
-    let walk = if split > 1 {
+    let walk = if one.split > 1 {
         Ks1Walk::Split
     } else if let Some(slices) = token_slices {
         Ks1Walk::Sliced(slices)
